@@ -1,0 +1,84 @@
+// XLA FFI handler: jax_flash_flash_attention_cuda. Picks the kernel for (dtype, head dim):
+// the tensor-core kernel where it applies, the SIMT kernel otherwise (float32, odd head dims).
+// Never synchronizes the stream and never allocates, so XLA may capture it in a CUDA graph.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "flash_attention_common.h"
+#include "jax_flash/flash_attention_common.cuh"
+#include "jax_flash/flash_attention_mma.cuh"
+
+namespace jax_flash {
+
+// Defined by the explicit instantiations in cuda/src/.
+template <typename T, int kMaxHeadDim>
+cudaError_t run_flash_attention_simt(const FlashParams& p, cudaStream_t stream);
+
+namespace {
+
+template <typename T>
+cudaError_t dispatch_head_dim(const FlashParams& p, cudaStream_t stream) {
+  if constexpr (!std::is_same_v<T, float>) {
+    if (flash_attention_mma_supported(p)) {
+      switch (p.head_dim) {
+        case 64: return run_flash_attention_mma<T, 64>(p, stream);
+        case 128: return run_flash_attention_mma<T, 128>(p, stream);
+        case 256: return run_flash_attention_mma<T, 256>(p, stream);
+        default: break;
+      }
+    }
+  }
+  const int d = p.head_dim > p.head_dim_v ? p.head_dim : p.head_dim_v;
+  if (d <= 64) return run_flash_attention_simt<T, 64>(p, stream);
+  if (d <= 128) return run_flash_attention_simt<T, 128>(p, stream);
+  return run_flash_attention_simt<T, 256>(p, stream);
+}
+
+}  // namespace
+
+// Largest head dim (of q/k and of v) the CUDA kernels take.
+constexpr int kMaxCudaHeadDim = 256;
+
+}  // namespace jax_flash
+
+namespace jax_flash::ffi_impl {
+
+static ffi::Error FlashAttentionCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                                     ffi::AnyBuffer v, ffi::Buffer<ffi::S32> q_starts,
+                                     ffi::Buffer<ffi::S32> q_ends, ffi::Buffer<ffi::S32> k_starts,
+                                     ffi::Buffer<ffi::S32> k_ends, ffi::Result<ffi::AnyBuffer> o,
+                                     ffi::Result<ffi::Buffer<ffi::F32>> lse, float softmax_scale,
+                                     float softcap, int32_t window_left, int32_t window_right,
+                                     int32_t max_seqlen_q, int32_t fill_uncovered) {
+  FlashParams p;
+  ffi::Error err = make_params(q, k, v, q_starts, q_ends, k_starts, k_ends, o, lse, softmax_scale,
+                               softcap, window_left, window_right, max_seqlen_q, fill_uncovered,
+                               &p);
+  if (err.failure()) return err;
+  if (p.head_dim > kMaxCudaHeadDim || p.head_dim_v > kMaxCudaHeadDim)
+    return invalid("the CUDA kernel takes head dims up to " + std::to_string(kMaxCudaHeadDim) +
+                   ", got " + std::to_string(p.head_dim) + "/" + std::to_string(p.head_dim_v));
+  cudaError_t status = cudaSuccess;
+  if (p.fill_uncovered) status = flash_attention_fill_uncovered(p, stream);
+  if (status == cudaSuccess && p.batch > 0 && p.total_q > 0) {
+    switch (p.dtype) {
+      case DType::kFloat32: status = dispatch_head_dim<float>(p, stream); break;
+      case DType::kFloat16: status = dispatch_head_dim<__half>(p, stream); break;
+      case DType::kBFloat16: status = dispatch_head_dim<__nv_bfloat16>(p, stream); break;
+    }
+  }
+  if (status != cudaSuccess)
+    return ffi::Error(ffi::ErrorCode::kInternal,
+                      std::string("jax_flash.flash_attention: CUDA error: ") +
+                          cudaGetErrorString(status));
+  return ffi::Error::Success();
+}
+
+}  // namespace jax_flash::ffi_impl
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxFlashAttentionCuda, jax_flash::ffi_impl::FlashAttentionCuda,
+    jax_flash::ffi_impl::flash_attention_binding(
+        xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
+    {xla::ffi::Traits::kCmdBufferCompatible});

@@ -1,0 +1,204 @@
+"""Pure-jnp reference attention (float32, highest precision).
+
+It is the oracle of the tests and the `implementation="xla"` path of every op. It materialises the
+full score matrix, so it needs O(Sq*Skv) memory: fine for checking, not for long sequences.
+
+Masking (shared by every implementation): with sq query rows and sk key rows in a sequence,
+bottom-right aligned, query row i sees key j iff
+``j >= i + sk - sq - left`` (when left >= 0) and ``j <= i + sk - sq + right`` (when right >= 0).
+Causal attention is right = 0. Rows that see no key give o = 0 and lse = -inf.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+_HI = jax.lax.Precision.HIGHEST
+
+# Windows wider than this are unbounded; keeps the kernels' index arithmetic in int32.
+_MAX_WINDOW = 1 << 30
+
+
+def normalize_window(causal: bool, sliding_window) -> tuple[int, int]:
+    """(left, right) window with -1 for "unbounded"; causal sets right = 0.
+
+    ``sliding_window`` is None or a pair ``(left, right)`` of ints, each None or -1 for unbounded.
+    """
+    if sliding_window is None:
+        left, right = -1, -1
+    else:
+        if not (isinstance(sliding_window, (tuple, list)) and len(sliding_window) == 2):
+            raise ValueError(
+                f"sliding_window must be None or a pair (left, right), got {sliding_window!r}"
+            )
+        left, right = (-1 if w is None else int(w) for w in sliding_window)
+        for name, w in (("left", left), ("right", right)):
+            if w < -1:
+                raise ValueError(
+                    f"sliding_window {name} must be >= 0, or -1/None for unbounded, got {w}"
+                )
+    if causal:
+        if right > 0:
+            raise ValueError(
+                "causal=True allows no keys right of the diagonal, but sliding_window "
+                f"right={right}"
+            )
+        right = 0
+    left = -1 if left >= _MAX_WINDOW else left
+    right = -1 if right >= _MAX_WINDOW else right
+    return left, right
+
+
+def _softmax_attend(s, visible, v, rows_axis_out):
+    """Masked softmax of scores s [..., Sq, Sk] against v; returns (o, lse) in float32."""
+    s = jnp.where(visible, s, -jnp.inf)
+    m = jnp.max(s, axis=-1, keepdims=True, initial=-jnp.inf)
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    p = jnp.exp(s - m)
+    denom = jnp.sum(p, axis=-1, keepdims=True)
+    o = jnp.einsum(
+        rows_axis_out, p.astype(v.dtype), v, precision=_HI, preferred_element_type=v.dtype
+    )
+    lse = jnp.where(denom > 0, jnp.log(jnp.where(denom > 0, denom, 1.0)) + m, -jnp.inf)
+    return o, denom, lse[..., 0]
+
+
+def _scores(q, k, scale, softcap):
+    s = jnp.einsum("...qhd,...khd->...hqk", q, k, precision=_HI, preferred_element_type=q.dtype)
+    s = s * jnp.asarray(scale, q.dtype)
+    if softcap:
+        s = softcap * jnp.tanh(s / softcap)
+    return s
+
+
+def attention(
+    q,
+    k,
+    v,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    sliding_window=None,
+    logits_soft_cap: float | None = None,
+    q_seqlens=None,
+    kv_seqlens=None,
+    return_lse: bool = False,
+    compute_dtype=jnp.float32,
+):
+    """Dense reference: q [B,Sq,Hq,D], k [B,Skv,Hkv,D], v [B,Skv,Hkv,Dv] -> o [B,Sq,Hq,Dv]
+    (+ lse [B,Hq,Sq] float32). Lengths are clipped to [0, S]; rows past q_seqlens are zero.
+
+    ``compute_dtype`` other than float32 runs the whole computation (scores, softmax, P@V) in that
+    dtype: the tests use it to measure the error a plain same-dtype jnp attention makes."""
+    B, Sq, Hq, D = q.shape
+    Skv, Hkv = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(D) if softmax_scale is None else float(softmax_scale)
+    left, right = normalize_window(causal, sliding_window)
+    g = Hq // Hkv
+    qf = q.astype(compute_dtype)
+    kf = jnp.repeat(k.astype(compute_dtype), g, axis=2)
+    vf = jnp.repeat(v.astype(compute_dtype), g, axis=2)
+    s = _scores(qf, kf, scale, logits_soft_cap)  # [B, Hq, Sq, Skv]
+
+    qlen = jnp.full((B,), Sq, jnp.int32) if q_seqlens is None else jnp.clip(q_seqlens, 0, Sq)
+    klen = jnp.full((B,), Skv, jnp.int32) if kv_seqlens is None else jnp.clip(kv_seqlens, 0, Skv)
+    i = jnp.arange(Sq)[None, :, None]
+    j = jnp.arange(Skv)[None, None, :]
+    diag = i + (klen - qlen)[:, None, None]
+    visible = (i < qlen[:, None, None]) & (j < klen[:, None, None])
+    if left >= 0:
+        visible &= j >= diag - left
+    if right >= 0:
+        visible &= j <= diag + right
+    visible = visible[:, None]  # [B, 1, Sq, Skv]
+
+    o, denom, lse = _softmax_attend(s, visible, vf, "bhqk,bkhd->bqhd")
+    o = o / jnp.where(denom > 0, denom, 1.0).transpose(0, 2, 1, 3)
+    o = o.astype(q.dtype)
+    lse = lse.astype(jnp.float32)
+    return (o, lse) if return_lse else o
+
+
+def attention_packed(
+    q,
+    k,
+    v,
+    q_starts,
+    q_ends,
+    k_starts,
+    k_ends,
+    *,
+    softmax_scale: float,
+    softcap: float,
+    window_left: int,
+    window_right: int,
+    max_seqlen_q: int,
+):
+    """Packed reference with the kernels' exact semantics (cuda/include/jax_flash/flash_params.h):
+    q [Tq,Hq,D], k [Tk,Hkv,D], v [Tk,Hkv,Dv], starts/ends [B] int32 (clamped like the kernels)
+    -> (o [Tq,Hq,Dv] in q's dtype, lse [Hq,Tq] float32). Rows owned by no sequence are zero."""
+    Tq, Hq, _ = q.shape
+    Tk, Hkv, _ = k.shape
+    g = Hq // Hkv
+    qs = jnp.clip(q_starts, 0, Tq)
+    qlen = jnp.minimum(jnp.clip(q_ends, qs, Tq) - qs, max_seqlen_q)
+    ks = jnp.clip(k_starts, 0, Tk)
+    klen = jnp.clip(k_ends, ks, Tk) - ks
+    r = jnp.arange(Tq)[None, :]
+    c = jnp.arange(Tk)[None, :]
+    i = (r - qs[:, None])[:, :, None]  # [B, Tq, 1]
+    j = (c - ks[:, None])[:, None, :]  # [B, 1, Tk]
+    in_q = (i >= 0) & (i < qlen[:, None, None])
+    in_k = (j >= 0) & (j < klen[:, None, None])
+    diag = i + (klen - qlen)[:, None, None]
+    visible = in_q & in_k
+    if window_left >= 0:
+        visible &= j >= diag - window_left
+    if window_right >= 0:
+        visible &= j <= diag + window_right
+    visible = jnp.any(visible, axis=0)[None]  # [1, Tq, Tk]
+
+    qf = q.astype(jnp.float32)
+    kf = jnp.repeat(k.astype(jnp.float32), g, axis=1)
+    vf = jnp.repeat(v.astype(jnp.float32), g, axis=1)
+    s = _scores(qf, kf, softmax_scale, softcap)  # [Hq, Tq, Tk]
+    o, denom, lse = _softmax_attend(s, visible, vf, "hqk,khd->qhd")
+    o = o / jnp.where(denom > 0, denom, 1.0).transpose(1, 0, 2)
+    return o.astype(q.dtype), lse
+
+
+def attention_varlen(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    sliding_window=None,
+    logits_soft_cap: float | None = None,
+    return_lse: bool = False,
+):
+    """Varlen reference: packed q [Tq,Hq,D], k [Tk,Hkv,D], v [Tk,Hkv,Dv], cu_seqlens [B+1]
+    -> o [Tq,Hq,Dv] (+ lse [Hq,Tq] float32)."""
+    left, right = normalize_window(causal, sliding_window)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    o, lse = attention_packed(
+        q,
+        k,
+        v,
+        cu_seqlens_q[:-1],
+        cu_seqlens_q[1:],
+        cu_seqlens_k[:-1],
+        cu_seqlens_k[1:],
+        softmax_scale=scale,
+        softcap=float(logits_soft_cap or 0.0),
+        window_left=left,
+        window_right=right,
+        max_seqlen_q=q.shape[0],
+    )
+    return (o, lse) if return_lse else o

@@ -1,0 +1,24 @@
+"""Helpers of the tests: random inputs and the dtype-aware tolerance."""
+
+import jax.numpy as jnp
+import numpy as np
+
+DTYPES = {"float32": jnp.float32, "float16": jnp.float16, "bfloat16": jnp.bfloat16}
+
+
+def randn(rng, shape, dtype, scale=1.0):
+    return jnp.asarray(rng.standard_normal(shape, dtype=np.float32) * scale).astype(dtype)
+
+
+def rel_err(out, ref):
+    out = np.asarray(out, np.float64)
+    ref = np.asarray(ref, np.float64)
+    assert np.all(np.isfinite(out)), "output holds NaN/inf"
+    denom = np.linalg.norm(ref)
+    return float(np.linalg.norm(out - ref) / (denom if denom > 0 else 1.0))
+
+
+def tolerance(dtype, same_dtype_err):
+    """2x the error a plain jnp attention computed in the same dtype makes, plus a floor of one
+    rounding unit of the dtype (1e-5 for float32, whose same-dtype error is ~0 here)."""
+    return 2.0 * same_dtype_err + max(float(jnp.finfo(dtype).eps), 1e-5)

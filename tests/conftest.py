@@ -1,0 +1,53 @@
+"""Test platforms: the CPU kernel always; the CUDA kernel when a GPU is present.
+
+Every kernel test takes the `platform` fixture, so the same `pytest` command runs the GPU tests
+where a GPU is, and reports them as skipped (with the reason) where not.
+"""
+
+import jax
+import pytest
+
+import jax_flash
+
+
+def _gpu_devices():
+    try:
+        return jax.devices("gpu")
+    except RuntimeError:
+        return []
+
+
+def _cuda_skip_reason():
+    if not jax_flash.has_cuda_kernels():
+        return "jax_flash was built without CUDA kernels"
+    if not _gpu_devices():
+        return "no GPU visible to JAX"
+    return None
+
+
+CUDA_SKIP = _cuda_skip_reason()
+
+PLATFORMS = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(CUDA_SKIP is not None, reason=str(CUDA_SKIP))),
+]
+
+
+class Platform:
+    """Where a test runs: the device to place inputs on and the implementation to ask for."""
+
+    def __init__(self, name):
+        self.name = name
+        self.device = jax.devices("cpu")[0] if name == "cpu" else _gpu_devices()[0]
+
+    def put(self, *xs):
+        out = tuple(jax.device_put(x, self.device) for x in xs)
+        return out if len(out) > 1 else out[0]
+
+    def __repr__(self):
+        return self.name
+
+
+@pytest.fixture(params=PLATFORMS)
+def platform(request):
+    return Platform(request.param)
