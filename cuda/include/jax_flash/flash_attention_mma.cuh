@@ -1,0 +1,684 @@
+// Tensor-core fused prefill attention for float16 / bfloat16 (FlashAttention-2 design).
+//
+// One CTA computes one BlockM x head_dim tile of O for one query head of one sequence. Its warps
+// split the query rows (BlockM / warps rows each), so softmax row statistics stay inside a quad of
+// lanes. Per key tile of BlockN rows:
+//   S = Q K^T      mma.sync m16n8k16 (f32 accumulate), Q and K fed by ldmatrix.x4 from shared
+//   online softmax exp2 with softmax_scale * log2(e) folded into one FFMA per score
+//   O += P V       P converted in registers to the A operand, V fed by ldmatrix.x4.trans
+// K and V stream through shared memory with 16-byte cp.async (rows past the sequence are
+// zero-filled, never read), double-buffered where shared memory allows two CTAs per SM. Shared
+// tiles are XOR-swizzled in 16-byte chunks (chunk ^ (row % 8)) so that ldmatrix, cp.async and the
+// epilogue are free of bank conflicts. Key tiles are visited last to first, so only the first
+// tiles (the diagonal / sequence end) need a mask; tiles that no query row of the CTA sees
+// (causal, sliding window, sequence length) are never visited.
+//
+// Scheduling: grid.x enumerates the query tiles of all sequences in order (sequence b owns
+// ceil(q_len_b / BlockM) consecutive tiles, heavy causal tiles first), grid.y/z the query heads.
+// grid.x = ceil(total_q / BlockM) + batch bounds the tile count when sequences do not overlap;
+// a CTA loops with stride gridDim.x, so overlapping (garbage) extents are still all computed.
+//
+// No XLA headers: the FFI layer fills FlashParams and calls run_flash_attention_mma.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "jax_flash/flash_params.h"
+
+namespace jax_flash {
+
+// The parameters this kernel computes exactly as the contract says; the dispatcher sends all
+// others to the SIMT kernel.
+//  - dtype float16 or bfloat16; head_dim == head_dim_v in {64, 128, 256};
+//  - num_heads >= 1, num_heads_k >= 1, num_heads % num_heads_k == 0;
+//  - q, k, v, o 16-byte aligned and every row stride a multiple of 8 elements (16-byte cp.async
+//    and stores); lse 4-byte aligned (or null: then no lse is written);
+//  - softmax_scale finite, and > 0 unless softcap > 0 (the running max is kept in unscaled units);
+//    softcap finite (softcap <= 0 means off).
+inline bool flash_attention_mma_supported(const FlashParams& p) {
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return false;
+  if (p.head_dim != p.head_dim_v) return false;
+  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return false;
+  if (p.num_heads < 1 || p.num_heads_k < 1 || p.num_heads % p.num_heads_k != 0) return false;
+  auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.o)) return false;
+  if (reinterpret_cast<uintptr_t>(p.lse) % 4 != 0) return false;
+  if (p.q_row_stride % 8 != 0 || p.k_row_stride % 8 != 0 || p.v_row_stride % 8 != 0 ||
+      p.o_row_stride % 8 != 0)
+    return false;
+  if (!std::isfinite(p.softmax_scale) || !std::isfinite(p.softcap)) return false;
+  if (!(p.softcap > 0.f) && !(p.softmax_scale > 0.f)) return false;
+  return true;
+}
+
+namespace mma_detail {
+
+// Tile shape of one kernel instance.
+//   kBlockM query rows per CTA, split evenly over kWarps warps (a multiple of 16 rows each);
+//   kBlockN key rows per iteration;
+//   kStages 2: K and V each double-buffered (the load of tile n-1 overlaps all of tile n);
+//           1: one K and one V buffer, FA2-style: V(n) loads under QK^T(n), K(n-1) under
+//              softmax + PV(n). Used where two buffers would cost the second CTA per SM.
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kStages_>
+struct MmaTraits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kWarpRows = kBlockM / kWarps;  // query rows per warp
+  static constexpr int kMTiles = kWarpRows / 16;      // m16 tiles per warp
+  static constexpr int kNTiles = kBlockN / 8;         // n8 tiles of S per m16 tile
+  static constexpr int kDTiles = kHeadDim / 8;        // n8 tiles of O per m16 tile
+  static constexpr int kChunks = kHeadDim / 8;        // 16-byte chunks per row
+  static constexpr int kRowBytes = kHeadDim * 2;
+  static constexpr int kLoadRowsPerPass = kThreads / kChunks;
+  static constexpr int kSmemQ = kBlockM * kRowBytes;   // sQ, reused for the O epilogue
+  static constexpr int kSmemKV = kBlockN * kRowBytes;  // one K or one V buffer
+  static constexpr int kSmemTiles = kSmemQ + 2 * kStages * kSmemKV;
+  static constexpr int kSmemBytes = kSmemTiles + 64;  // + TileState
+  static constexpr int kMinBlocksPerSm = 2;
+
+  static_assert(kHeadDim % 64 == 0, "rows must span whole 128-byte swizzle atoms");
+  static_assert(kWarpRows % 16 == 0 && kBlockM == kWarpRows * kWarps, "bad BlockM / warps");
+  static_assert(kBlockN % 16 == 0, "BlockN must be a multiple of 16");
+  static_assert(kThreads % kChunks == 0, "a pass of cp.async must cover whole rows");
+  static_assert(kBlockM % kLoadRowsPerPass == 0 && kBlockN % kLoadRowsPerPass == 0,
+                "tiles must be loaded in whole passes");
+  static_assert(kStages == 1 || kStages == 2, "1 or 2 K/V stages");
+};
+
+// Default tiles per head dim (FA2's H100 choices; see the notes in the launcher).
+template <int kHeadDim>
+struct DefaultTraits;
+template <>
+struct DefaultTraits<64> {
+  using type = MmaTraits<64, 128, 128, 4, 2>;  // 80 KB smem
+};
+template <>
+struct DefaultTraits<128> {
+  using type = MmaTraits<128, 128, 64, 4, 2>;  // 96 KB smem
+};
+template <>
+struct DefaultTraits<256> {
+  using type = MmaTraits<256, 64, 64, 4, 1>;  // 96 KB smem
+};
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+__device__ __forceinline__ uint32_t smem_addr(const void* ptr) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+
+// 16-byte global -> shared copy; with valid == false nothing is read and the 16 bytes are zeroed.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// c += a * b for one m16n8k16 tile; a: 4 regs (row-major A), b: 2 regs (col-major B).
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Two floats -> one register of two 16-bit values, the first in the low half.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __half>) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  } else {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+}
+
+// x, through a volatile asm that the compiler can neither fold nor hoist out of a loop.
+__device__ __forceinline__ int opaque(int x) {
+  int y;
+  asm volatile("mov.b32 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// tanh(x) = 1 - 2 / (1 + e^{2x}): absolute error ~1e-7 (tanh.approx.f32's ~5e-4 would be
+// multiplied by softcap); saturates to +-1 without NaN.
+__device__ __forceinline__ float softcap_tanh(float x) {
+  return 1.f - 2.f / (1.f + fast_exp2(x * (2.f * kLog2e)));
+}
+
+__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v));
+}
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr));
+  return v;
+}
+
+// Shared-memory byte offset of 16-byte chunk c of row r in a swizzled tile of kChunks per row.
+template <int kChunks>
+__device__ __forceinline__ uint32_t swizzle(int r, int c) {
+  return static_cast<uint32_t>((r * kChunks + (c ^ (r & 7))) * 16);
+}
+
+// Copies rows [row0, row0 + kRows) of a head's [rows, kHeadDim] slice g (row stride `stride`
+// elements) into a swizzled shared tile; rows >= valid_rows are zero-filled and not read (their
+// source address is row 0's, valid_rows > 0). Thread tid copies chunk tid % kChunks of rows
+// tid / kChunks + i * kLoadRowsPerPass.
+template <class Tr, int kRows, typename T>
+__device__ __forceinline__ void load_tile(uint32_t s_tile, const T* g, int64_t stride, int row0,
+                                          int valid_rows, int tid) {
+  const int c = tid % Tr::kChunks;
+  const int r = tid / Tr::kChunks;
+  const T* row0_src = g + static_cast<uint32_t>(c * 8);  // unsigned: no sign-extension word
+  const T* src = row0_src + static_cast<int64_t>(row0 + r) * stride;
+  const int64_t step = stride * Tr::kLoadRowsPerPass;
+  const int left = valid_rows - row0 - r;
+#pragma unroll
+  for (int i = 0; i < kRows / Tr::kLoadRowsPerPass; ++i) {
+    const bool ok = i * Tr::kLoadRowsPerPass < left;
+    cp_async_16(s_tile + swizzle<Tr::kChunks>(r + i * Tr::kLoadRowsPerPass, c),
+                ok ? src : row0_src, ok);
+    src += step;
+  }
+}
+
+// Address of chunk pair 2s of a lane's row, from the lane's swizzled address of pair 0.
+__device__ __forceinline__ uint32_t chunk_pair(uint32_t lane_addr, int s) {
+  return (lane_addr ^ (((2 * s) & 7) << 4)) + (((2 * s) & ~7) << 4);
+}
+
+// Per-tile scalars the main loop needs, kept in shared memory (written by thread 0 before the
+// loop's first barrier) rather than in registers, which the accumulators fill.
+struct TileState {
+  int64_t k_off, v_off;  // element offsets of the sequence's first K / V row for this kv head
+  int32_t n_first;       // first key tile visited (the loop runs n_last down to n_first)
+  int32_t mask_below, mask_from;  // key tiles n < mask_below or n >= mask_from need a mask
+  int32_t q_len, k_len, m0;
+};
+
+struct TileCoord {
+  int32_t b;        // sequence
+  int32_t m_block;  // query tile within the sequence
+};
+
+// Finds the tile-th query tile over all sequences (sequence b owns ceil(q_len_b / kBlockM)
+// consecutive tiles). Each warp scans 32 sequences per step with shuffles, so the cost is
+// batch / 32 steps whatever the lengths; all warps compute the same answer.
+template <int kBlockM>
+__device__ __forceinline__ bool find_tile(const FlashParams& p, int64_t tile, TileCoord* out) {
+  const int lane = threadIdx.x & 31;
+  int64_t before = 0;  // tiles of the sequences already scanned
+  for (int base = 0; base < p.batch; base += 32) {
+    const int b = base + lane;
+    int n = 0;
+    if (b < p.batch) {
+      const SeqExtent e = seq_extent(p, p.q_starts[b], p.q_ends[b], 0, 0);
+      n = e.q_len > 0 ? (e.q_len + kBlockM - 1) / kBlockM : 0;
+    }
+    int incl = n;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, off);
+      if (lane >= off) incl += v;
+    }
+    const int total = __shfl_sync(0xffffffffu, incl, 31);
+    if (tile < before + total) {
+      const int64_t local = tile - before;  // < total, fits int32
+      const unsigned hit = __ballot_sync(0xffffffffu, local < incl && local >= incl - n);
+      const int leader = __ffs(hit) - 1;
+      const int start = __shfl_sync(0xffffffffu, incl - n, leader);
+      const int count = __shfl_sync(0xffffffffu, n, leader);
+      out->b = base + leader;
+      // Reverse order within a sequence: the last (heaviest under causal masking) tile first.
+      out->m_block = count - 1 - (static_cast<int>(local) - start);
+      return true;
+    }
+    before += total;
+  }
+  return false;
+}
+
+template <typename T, class Tr, bool kSoftcap>
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
+    flash_fwd_mma_kernel(const __grid_constant__ FlashParams p) {
+  constexpr int D = Tr::kHeadDim;
+  constexpr int BM = Tr::kBlockM;
+  constexpr int BN = Tr::kBlockN;
+  constexpr int kMT = Tr::kMTiles;
+  constexpr int kNT = Tr::kNTiles;
+  constexpr int kDT = Tr::kDTiles;
+  constexpr int kRowBytes = Tr::kRowBytes;
+
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const uint32_t sQ = smem_addr(smem);
+  const uint32_t sK = sQ + Tr::kSmemQ;
+  const uint32_t sV = sK + Tr::kStages * Tr::kSmemKV;
+  TileState* st = reinterpret_cast<TileState*>(smem + Tr::kSmemTiles);
+
+  const int head = blockIdx.z * gridDim.y + blockIdx.y;
+  if (head >= p.num_heads) return;
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int g = lane >> 2;  // row of the mma C fragment (and +8)
+  const int t = lane & 3;   // column pair of the mma C fragment
+  const int warp_row0 = warp * Tr::kWarpRows;
+
+  // ldmatrix lane addressing (lane l gives the row address of matrix l / 8, row l % 8):
+  //   Q (A of S, x4 = rows 0-7/8-15 x k 0-7/8-15): row l % 16, chunk 2kk + l / 16
+  //   K (B of S, x4 = n-tiles 2np/2np+1 x k halves): row (l / 16) * 8 + l % 8, chunk 2kk + l / 8 % 2
+  //   V (B of PV, .trans, x4 = key halves x d-tiles 2dp/2dp+1): row (l / 8 % 2) * 8 + l % 8,
+  //     chunk 2dp + l / 16
+  // Every row address has row % 8 == l % 8, and the tiles are 128-byte aligned with rows of a
+  // multiple of 128 bytes, so the swizzled address of chunk 2s + c is the lane's address of
+  // chunk c (swizzled) XOR 16 * (2s % 8), plus 16 * (2s - 2s % 8): see chunk_pair.
+  const uint32_t q_lane = sQ + (warp_row0 + (lane & 15)) * kRowBytes + (((lane >> 4) ^ (lane & 7)) << 4);
+  const uint32_t k_lane = (((lane >> 4) & 1) * 8 + (lane & 7)) * kRowBytes +
+                          ((((lane >> 3) & 1) ^ (lane & 7)) << 4);
+  const uint32_t v_lane = (((lane >> 3) & 1) * 8 + (lane & 7)) * kRowBytes +
+                          ((((lane >> 4) & 1) ^ (lane & 7)) << 4);
+
+  // Scores are kept in "raw" units x (q.k, or tanh(scale q.k / softcap) with softcap); the
+  // softmax weight is exp2(x * scale_log2 - max * scale_log2).
+  float scale_log2, softcap_in = 0.f;
+  if constexpr (kSoftcap) {
+    softcap_in = p.softmax_scale / p.softcap;
+    scale_log2 = p.softcap * kLog2e;
+  } else {
+    scale_log2 = p.softmax_scale * kLog2e;
+  }
+
+
+  for (int64_t tile = blockIdx.x;; tile += gridDim.x) {
+    TileCoord tc;
+    if (!find_tile<BM>(p, tile, &tc)) break;
+    const int b = tc.b;
+    SeqExtent e = seq_extent(p, p.q_starts[b], p.q_ends[b], p.k_starts[b], p.k_ends[b]);
+    const int m0 = tc.m_block * BM;
+    const int rows = min(BM, e.q_len - m0);
+
+    // Keys seen by any row of this tile: [lo(first row), hi(last row)). lo and hi grow with the
+    // row, so key tile n needs no mask iff [n * BN, (n + 1) * BN) lies inside
+    // [lo(last row), hi(first row)), i.e. iff mask_below <= n < mask_from.
+    int lo_first, hi_first, lo_last, hi_last;
+    visible_keys(p, m0, e.q_len, e.k_len, &lo_first, &hi_first);
+    visible_keys(p, m0 + rows - 1, e.q_len, e.k_len, &lo_last, &hi_last);
+    const int n_first = lo_first / BN;
+    const int n_last = hi_last > lo_first ? (hi_last - 1) / BN : n_first - 1;
+    const int mask_below = (lo_last + BN - 1) / BN;
+    const int mask_from = hi_first > 0 ? hi_first / BN : 0;
+
+    const T* q_ptr = static_cast<const T*>(p.q) +
+                     static_cast<int64_t>(e.q_start) * p.q_row_stride +
+                     static_cast<int64_t>(head) * D;
+    // GQA: query head h reads kv head h / (Hq / Hkv). Computed per tile through opaque():
+    // hoisted out of the tile loop, it would be held (or spilled) across the main loop.
+    const int kv_head = opaque(head) / (opaque(p.num_heads) / p.num_heads_k);
+    const int64_t kv_head_off = static_cast<int64_t>(kv_head) * D;
+    const int64_t k_off = static_cast<int64_t>(e.k_start) * p.k_row_stride + kv_head_off;
+    const int64_t v_off = static_cast<int64_t>(e.k_start) * p.v_row_stride + kv_head_off;
+    if (tid == 0) {
+      st->k_off = k_off;
+      st->v_off = v_off;
+      st->n_first = n_first;
+      st->mask_below = mask_below;
+      st->mask_from = mask_from;
+      st->q_len = e.q_len;
+      st->k_len = e.k_len;
+      st->m0 = m0;
+    }
+    const T* k_head = static_cast<const T*>(p.k);
+    const T* v_head = static_cast<const T*>(p.v);
+
+    float acc_o[kMT][kDT][4];
+    float row_max[kMT][2];
+    float row_sum[kMT][2];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int dt = 0; dt < kDT; ++dt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc_o[mt][dt][i] = 0.f;
+      }
+      row_max[mt][0] = row_max[mt][1] = -INFINITY;
+      row_sum[mt][0] = row_sum[mt][1] = 0.f;
+    }
+
+    if (n_last >= n_first) {
+      load_tile<Tr, BM>(sQ, q_ptr, p.q_row_stride, m0, e.q_len, tid);
+      load_tile<Tr, BN>(sK, k_head + k_off, p.k_row_stride, n_last * BN, e.k_len, tid);
+      cp_async_commit();
+      if constexpr (Tr::kStages == 2) {
+        load_tile<Tr, BN>(sV, v_head + v_off, p.v_row_stride, n_last * BN, e.k_len, tid);
+        cp_async_commit();
+      }
+
+      int stage = 0;
+      for (int n = n_last;; --n) {
+        const int n0 = n * BN;
+        const uint32_t sK_cur = sK + stage * Tr::kSmemKV;
+        const uint32_t sV_cur = sV + stage * Tr::kSmemKV;
+
+        // K(n) has landed; every warp is done with tile n+1 (its K and V buffers are free).
+        if constexpr (Tr::kStages == 2) {
+          cp_async_wait<1>();
+          __syncthreads();
+          if (n > st->n_first)
+            load_tile<Tr, BN>(sK + (stage ^ 1) * Tr::kSmemKV, k_head + st->k_off, p.k_row_stride,
+                              n0 - BN, st->k_len, tid);
+          cp_async_commit();
+        } else {
+          cp_async_wait<0>();
+          __syncthreads();
+          load_tile<Tr, BN>(sV, v_head + st->v_off, p.v_row_stride, n0, st->k_len, tid);
+          cp_async_commit();
+        }
+
+        // S = Q K^T
+        float s[kMT][kNT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) s[mt][nt][i] = 0.f;
+          }
+        }
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          uint32_t qa[kMT][4];
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt)
+            ldmatrix_x4(qa[mt], chunk_pair(q_lane, kk) + mt * 16 * kRowBytes);
+#pragma unroll
+          for (int np = 0; np < kNT / 2; ++np) {
+            uint32_t kb[4];
+            ldmatrix_x4(kb, chunk_pair(sK_cur + k_lane, kk) + np * 16 * kRowBytes);
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+              mma_16816<T>(s[mt][2 * np], qa[mt], kb[0], kb[1]);
+              mma_16816<T>(s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+            }
+          }
+        }
+
+        if constexpr (kSoftcap) {
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+              for (int i = 0; i < 4; ++i) s[mt][nt][i] = softcap_tanh(s[mt][nt][i] * softcap_in);
+            }
+          }
+        }
+
+        // Mask (after the softcap: tanh would turn -inf back into a finite score).
+        if (n < st->mask_below || n >= st->mask_from) {
+          const int q_len = st->q_len;
+          const int k_len = st->k_len;
+          const int row_base = st->m0 + warp_row0 + g;  // this thread's first row
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+              int lo, hi;
+              visible_keys(p, row_base + mt * 16 + hf * 8, q_len, k_len, &lo, &hi);
+#pragma unroll
+              for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                  const int j = n0 + nt * 8 + 2 * t + c;
+                  if (j < lo || j >= hi) s[mt][nt][2 * hf + c] = -INFINITY;
+                }
+              }
+            }
+          }
+        }
+
+        // V(n) has landed; every warp is done reading K(n).
+        if constexpr (Tr::kStages == 2) {
+          cp_async_wait<1>();
+          __syncthreads();
+          if (n > st->n_first)
+            load_tile<Tr, BN>(sV + (stage ^ 1) * Tr::kSmemKV, v_head + st->v_off, p.v_row_stride,
+                              n0 - BN, st->k_len, tid);
+          cp_async_commit();
+        } else {
+          cp_async_wait<0>();
+          __syncthreads();
+          if (n > st->n_first)
+            load_tile<Tr, BN>(sK, k_head + st->k_off, p.k_row_stride, n0 - BN, st->k_len, tid);
+          cp_async_commit();
+        }
+
+        // Online softmax. A row whose max is still -inf (nothing visible yet) subtracts 0, so
+        // its weights are exp2(-inf) = 0 and its rescale factor exp2(-inf) = 0: never NaN.
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            float mx = row_max[mt][hf];
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt)
+              mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
+            const float corr = fast_exp2(row_max[mt][hf] * scale_log2 - m_scaled);
+            row_max[mt][hf] = mx;
+            float sum = row_sum[mt][hf] * corr;
+#pragma unroll
+            for (int dt = 0; dt < kDT; ++dt) {
+              acc_o[mt][dt][2 * hf] *= corr;
+              acc_o[mt][dt][2 * hf + 1] *= corr;
+            }
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+              for (int c = 0; c < 2; ++c) {
+                const float pv = fast_exp2(fmaf(s[mt][nt][2 * hf + c], scale_log2, -m_scaled));
+                s[mt][nt][2 * hf + c] = pv;
+                sum += pv;
+              }
+            }
+            row_sum[mt][hf] = sum;
+          }
+        }
+
+        // P as A fragments (two n8 tiles of the C fragment form one k16 tile).
+        uint32_t pa[kMT][BN / 16][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+          for (int kk = 0; kk < BN / 16; ++kk) {
+            pa[mt][kk][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+            pa[mt][kk][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+            pa[mt][kk][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+            pa[mt][kk][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+          }
+        }
+        // ptxas would sink the row-sum adds (and the packs) below the PV mma, keeping all fp32
+        // weights alive across them, which spills. Make the V addresses depend on every sum and
+        // packed weight through their sign bits (all zero: the weights are >= 0).
+        uint32_t signs = 0;
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          signs |= __float_as_uint(row_sum[mt][0]) | __float_as_uint(row_sum[mt][1]);
+#pragma unroll
+          for (int kk = 0; kk < BN / 16; ++kk)
+            signs |= pa[mt][kk][0] | pa[mt][kk][1] | pa[mt][kk][2] | pa[mt][kk][3];
+        }
+        const uint32_t sV_dep = sV_cur + v_lane + ((signs >> 31) & (signs >> 15) & 1u) * 16;
+
+        // O += P V
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+#pragma unroll
+          for (int dp = 0; dp < kDT / 2; ++dp) {
+            uint32_t vb[4];
+            ldmatrix_x4_trans(vb, chunk_pair(sV_dep, dp) + kk * 16 * kRowBytes);
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+              mma_16816<T>(acc_o[mt][2 * dp], pa[mt][kk], vb[0], vb[1]);
+              mma_16816<T>(acc_o[mt][2 * dp + 1], pa[mt][kk], vb[2], vb[3]);
+            }
+          }
+        }
+        if constexpr (Tr::kStages == 2) stage ^= 1;
+        if (n == st->n_first) break;
+      }
+    }
+    cp_async_wait<0>();
+    e = seq_extent(p, p.q_starts[b], p.q_ends[b], 0, 0);
+
+    // Epilogue: normalize, write lse, stage O (16-bit) in this warp's own rows of sQ (only this
+    // warp ever read them), then store whole 16-byte chunks of the valid rows.
+    __syncwarp();
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        float sum = row_sum[mt][hf];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        const bool empty = !(sum > 0.f);
+        const float inv = empty ? 0.f : 1.f / sum;
+        const int r = warp_row0 + mt * 16 + g + hf * 8;
+        if (t == 0 && p.lse != nullptr && m0 + r < e.q_len) {
+          const float lse =
+              empty ? -INFINITY : (row_max[mt][hf] * scale_log2 + log2f(sum)) * kLn2;
+          p.lse[static_cast<int64_t>(head) * p.total_q + e.q_start + m0 + r] = lse;
+        }
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+          const uint32_t v = pack2<T>(acc_o[mt][dt][2 * hf] * inv, acc_o[mt][dt][2 * hf + 1] * inv);
+          st_shared_b32(sQ + r * kRowBytes + ((dt ^ g) * 16) + t * 4, v);
+        }
+      }
+    }
+    __syncwarp();
+    T* o_ptr = static_cast<T*>(p.o) +
+               static_cast<int64_t>(e.q_start + m0 + warp_row0) * p.o_row_stride +
+               static_cast<int64_t>(head) * D;
+#pragma unroll
+    for (int i = 0; i < Tr::kWarpRows * Tr::kChunks / 32; ++i) {
+      const int idx = lane + 32 * i;
+      const int r = idx / Tr::kChunks;
+      const int c = idx % Tr::kChunks;
+      if (m0 + warp_row0 + r < e.q_len) {
+        const uint4 v = ld_shared_v4(sQ + swizzle<Tr::kChunks>(warp_row0 + r, c));
+        *reinterpret_cast<uint4*>(o_ptr + static_cast<int64_t>(r) * p.o_row_stride + c * 8) = v;
+      }
+    }
+    // The next tile's cp.async overwrites sQ / sK / sV.
+    __syncthreads();
+  }
+}
+
+// Launches one tile configuration. Returns cudaSuccess without a launch when there is nothing
+// to compute (no sequence, no query row, no head).
+template <typename T, class Tr, bool kSoftcap>
+cudaError_t launch_flash_mma(const FlashParams& p, cudaStream_t stream) {
+  if (p.batch <= 0 || p.total_q <= 0 || p.num_heads <= 0) return cudaSuccess;
+  auto kernel = flash_fwd_mma_kernel<T, Tr, kSoftcap>;
+
+  // The shared-memory limit is a per-device function attribute: set it once per device.
+  static std::atomic<uint64_t> configured{0};
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
+  if (bit == 0 || (configured.load(std::memory_order_relaxed) & bit) == 0) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               Tr::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               cudaSharedmemCarveoutMaxShared);
+    if (err != cudaSuccess) return err;
+    configured.fetch_or(bit, std::memory_order_relaxed);
+  }
+
+  int64_t tiles = (static_cast<int64_t>(p.total_q) + Tr::kBlockM - 1) / Tr::kBlockM + p.batch;
+  if (tiles > INT32_MAX) tiles = INT32_MAX;  // the kernel's tile loop strides over the rest
+  const int heads_y = p.num_heads < 65535 ? p.num_heads : 65535;
+  const dim3 grid(static_cast<unsigned>(tiles), heads_y, (p.num_heads + heads_y - 1) / heads_y);
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace mma_detail
+
+// Fused attention for p.head_dim == p.head_dim_v == kHeadDim, T = __half or __nv_bfloat16,
+// params accepted by flash_attention_mma_supported. Writes o and lse for every row that some
+// sequence owns (rows past max_seqlen_q excepted); other rows are left to fill_uncovered.
+// Asynchronous on `stream`; never synchronizes or allocates.
+template <typename T, int kHeadDim>
+cudaError_t run_flash_attention_mma(const FlashParams& p, cudaStream_t stream) {
+  static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>,
+                "float16 or bfloat16");
+  using Tr = typename mma_detail::DefaultTraits<kHeadDim>::type;
+  if (p.softcap > 0.f) return mma_detail::launch_flash_mma<T, Tr, true>(p, stream);
+  return mma_detail::launch_flash_mma<T, Tr, false>(p, stream);
+}
+
+// Instantiated once each in cuda/src/flash_attention_mma_{f16,bf16}_d{64,128,256}.cu.
+extern template cudaError_t run_flash_attention_mma<__half, 64>(const FlashParams&, cudaStream_t);
+extern template cudaError_t run_flash_attention_mma<__half, 128>(const FlashParams&, cudaStream_t);
+extern template cudaError_t run_flash_attention_mma<__half, 256>(const FlashParams&, cudaStream_t);
+extern template cudaError_t run_flash_attention_mma<__nv_bfloat16, 64>(const FlashParams&,
+                                                                      cudaStream_t);
+extern template cudaError_t run_flash_attention_mma<__nv_bfloat16, 128>(const FlashParams&,
+                                                                       cudaStream_t);
+extern template cudaError_t run_flash_attention_mma<__nv_bfloat16, 256>(const FlashParams&,
+                                                                       cudaStream_t);
+
+}  // namespace jax_flash
