@@ -114,6 +114,7 @@ struct DefaultTraits<256> {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kRescaleLog2 = 8.f;  // lazy rescale threshold, log2 units (weights <= 256)
 
 __device__ __forceinline__ uint32_t smem_addr(const void* ptr) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
@@ -208,10 +209,10 @@ __device__ __forceinline__ uint32_t swizzle(int r, int c) {
 }
 
 // Copies rows [row0, row0 + kRows) of a head's [rows, kHeadDim] slice g (row stride `stride`
-// elements) into a swizzled shared tile; rows >= valid_rows are zero-filled and not read (their
-// source address is row 0's, valid_rows > 0). Thread tid copies chunk tid % kChunks of rows
-// tid / kChunks + i * kLoadRowsPerPass.
-template <class Tr, int kRows, typename T>
+// elements) into a swizzled shared tile. With kGuard, rows >= valid_rows are zero-filled and not
+// read (their source address is row 0's; valid_rows > 0); without, all rows must be valid.
+// Thread tid copies chunk tid % kChunks of rows tid / kChunks + i * kLoadRowsPerPass.
+template <class Tr, int kRows, bool kGuard, typename T>
 __device__ __forceinline__ void load_tile(uint32_t s_tile, const T* g, int64_t stride, int row0,
                                           int valid_rows, int tid) {
   const int c = tid % Tr::kChunks;
@@ -222,7 +223,7 @@ __device__ __forceinline__ void load_tile(uint32_t s_tile, const T* g, int64_t s
   const int left = valid_rows - row0 - r;
 #pragma unroll
   for (int i = 0; i < kRows / Tr::kLoadRowsPerPass; ++i) {
-    const bool ok = i * Tr::kLoadRowsPerPass < left;
+    const bool ok = !kGuard || i * Tr::kLoadRowsPerPass < left;
     cp_async_16(s_tile + swizzle<Tr::kChunks>(r + i * Tr::kLoadRowsPerPass, c),
                 ok ? src : row0_src, ok);
     src += step;
@@ -393,14 +394,16 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
     }
 
     if (n_last >= n_first) {
-      load_tile<Tr, BM>(sQ, q_ptr, p.q_row_stride, m0, e.q_len, tid);
-      load_tile<Tr, BN>(sK, k_head + k_off, p.k_row_stride, n_last * BN, e.k_len, tid);
+      load_tile<Tr, BM, true>(sQ, q_ptr, p.q_row_stride, m0, e.q_len, tid);
+      load_tile<Tr, BN, true>(sK, k_head + k_off, p.k_row_stride, n_last * BN, e.k_len, tid);
       cp_async_commit();
       if constexpr (Tr::kStages == 2) {
-        load_tile<Tr, BN>(sV, v_head + v_off, p.v_row_stride, n_last * BN, e.k_len, tid);
+        load_tile<Tr, BN, true>(sV, v_head + v_off, p.v_row_stride, n_last * BN, e.k_len, tid);
         cp_async_commit();
       }
 
+      // Only tile n_last can reach past k_len (hi_last <= k_len), so the K/V loads of tiles
+      // n - 1 < n_last issued inside the loop need no row guard.
       int stage = 0;
       for (int n = n_last;; --n) {
         const int n0 = n * BN;
@@ -412,13 +415,13 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
           cp_async_wait<1>();
           __syncthreads();
           if (n > st->n_first)
-            load_tile<Tr, BN>(sK + (stage ^ 1) * Tr::kSmemKV, k_head + st->k_off, p.k_row_stride,
-                              n0 - BN, st->k_len, tid);
+            load_tile<Tr, BN, false>(sK + (stage ^ 1) * Tr::kSmemKV, k_head + st->k_off,
+                                     p.k_row_stride, n0 - BN, 0, tid);
           cp_async_commit();
         } else {
           cp_async_wait<0>();
           __syncthreads();
-          load_tile<Tr, BN>(sV, v_head + st->v_off, p.v_row_stride, n0, st->k_len, tid);
+          load_tile<Tr, BN, true>(sV, v_head + st->v_off, p.v_row_stride, n0, st->k_len, tid);
           cp_async_commit();
         }
 
@@ -472,12 +475,14 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
             for (int hf = 0; hf < 2; ++hf) {
               int lo, hi;
               visible_keys(p, row_base + mt * 16 + hf * 8, q_len, k_len, &lo, &hi);
+              // Key n0 + 2t + x for the compile-time column x = nt * 8 + c.
+              lo -= n0 + 2 * t;
+              hi -= n0 + 2 * t;
 #pragma unroll
               for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
                 for (int c = 0; c < 2; ++c) {
-                  const int j = n0 + nt * 8 + 2 * t + c;
-                  if (j < lo || j >= hi) s[mt][nt][2 * hf + c] = -INFINITY;
+                  if (nt * 8 + c < lo || nt * 8 + c >= hi) s[mt][nt][2 * hf + c] = -INFINITY;
                 }
               }
             }
@@ -489,38 +494,66 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
           cp_async_wait<1>();
           __syncthreads();
           if (n > st->n_first)
-            load_tile<Tr, BN>(sV + (stage ^ 1) * Tr::kSmemKV, v_head + st->v_off, p.v_row_stride,
-                              n0 - BN, st->k_len, tid);
+            load_tile<Tr, BN, false>(sV + (stage ^ 1) * Tr::kSmemKV, v_head + st->v_off,
+                                     p.v_row_stride, n0 - BN, 0, tid);
           cp_async_commit();
         } else {
           cp_async_wait<0>();
           __syncthreads();
           if (n > st->n_first)
-            load_tile<Tr, BN>(sK, k_head + st->k_off, p.k_row_stride, n0 - BN, st->k_len, tid);
+            load_tile<Tr, BN, false>(sK, k_head + st->k_off, p.k_row_stride, n0 - BN, 0, tid);
           cp_async_commit();
         }
 
-        // Online softmax. A row whose max is still -inf (nothing visible yet) subtracts 0, so
-        // its weights are exp2(-inf) = 0 and its rescale factor exp2(-inf) = 0: never NaN.
+        // Online softmax with lazy rescaling (as FA4): a row keeps its reference max until the
+        // new scores exceed it by more than 2^kRescaleLog2 in weight; until then the weights are
+        // at most 2^kRescaleLog2 (fine in f16/bf16 and f32 sums) and O, l need no rescale, which
+        // saves a multiply per accumulator on most tiles. Exact: O and l share the reference.
+        // The decision is per warp (any row), so the branch is uniform. A row whose reference is
+        // still -inf (nothing visible yet) subtracts 0: its weights are exp2(-inf) = 0, never NaN.
+        {
+          float mx[kMT][2];
+          bool grow = false;
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+              float m = -INFINITY;
+#pragma unroll
+              for (int nt = 0; nt < kNT; ++nt)
+                m = fmaxf(m, fmaxf(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]));
+              m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+              m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+              mx[mt][hf] = m;
+              grow |= m * scale_log2 > row_max[mt][hf] * scale_log2 + kRescaleLog2;
+            }
+          }
+          if (__any_sync(0xffffffffu, grow)) {
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+              for (int hf = 0; hf < 2; ++hf) {
+                const float m_new = fmaxf(row_max[mt][hf], mx[mt][hf]);
+                const float m_scaled = m_new == -INFINITY ? 0.f : m_new * scale_log2;
+                const float corr = fast_exp2(row_max[mt][hf] * scale_log2 - m_scaled);
+                row_max[mt][hf] = m_new;
+                row_sum[mt][hf] *= corr;
+#pragma unroll
+                for (int dt = 0; dt < kDT; ++dt) {
+                  acc_o[mt][dt][2 * hf] *= corr;
+                  acc_o[mt][dt][2 * hf + 1] *= corr;
+                }
+              }
+            }
+          }
+        }
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
           for (int hf = 0; hf < 2; ++hf) {
-            float mx = row_max[mt][hf];
-#pragma unroll
-            for (int nt = 0; nt < kNT; ++nt)
-              mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
-            const float corr = fast_exp2(row_max[mt][hf] * scale_log2 - m_scaled);
-            row_max[mt][hf] = mx;
-            float sum = row_sum[mt][hf] * corr;
-#pragma unroll
-            for (int dt = 0; dt < kDT; ++dt) {
-              acc_o[mt][dt][2 * hf] *= corr;
-              acc_o[mt][dt][2 * hf + 1] *= corr;
-            }
+            const float m_scaled =
+                row_max[mt][hf] == -INFINITY ? 0.f : row_max[mt][hf] * scale_log2;
+            float sum = row_sum[mt][hf];
 #pragma unroll
             for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
@@ -581,7 +614,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
     e = seq_extent(p, p.q_starts[b], p.q_ends[b], 0, 0);
 
     // Epilogue: normalize, write lse, stage O (16-bit) in this warp's own rows of sQ (only this
-    // warp ever read them), then store whole 16-byte chunks of the valid rows.
+    // warp ever read them), then store whole 16-byte chunks of the valid rows. (The staging
+    // address goes through opaque() so that it is not hoisted out of the tile loop and held.)
+    const uint32_t sO = static_cast<uint32_t>(opaque(static_cast<int>(sQ)));
     __syncwarp();
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
@@ -601,7 +636,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
 #pragma unroll
         for (int dt = 0; dt < kDT; ++dt) {
           const uint32_t v = pack2<T>(acc_o[mt][dt][2 * hf] * inv, acc_o[mt][dt][2 * hf + 1] * inv);
-          st_shared_b32(sQ + r * kRowBytes + ((dt ^ g) * 16) + t * 4, v);
+          st_shared_b32(sO + r * kRowBytes + ((dt ^ g) * 16) + t * 4, v);
         }
       }
     }
@@ -615,7 +650,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
       const int r = idx / Tr::kChunks;
       const int c = idx % Tr::kChunks;
       if (m0 + warp_row0 + r < e.q_len) {
-        const uint4 v = ld_shared_v4(sQ + swizzle<Tr::kChunks>(warp_row0 + r, c));
+        const uint4 v = ld_shared_v4(sO + swizzle<Tr::kChunks>(warp_row0 + r, c));
         *reinterpret_cast<uint4*>(o_ptr + static_cast<int64_t>(r) * p.o_row_stride + c * 8) = v;
       }
     }
