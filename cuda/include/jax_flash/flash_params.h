@@ -91,12 +91,13 @@ JAX_FLASH_HD SeqExtent seq_extent(const FlashParams& p, int32_t qs, int32_t qe, 
 // Visible key range [lo, hi) of query row i (0-based within its sequence). Empty when lo >= hi.
 JAX_FLASH_HD void visible_keys(const FlashParams& p, int32_t i, int32_t q_len, int32_t k_len,
                                int32_t* lo, int32_t* hi) {
-  const int32_t diag = i + k_len - q_len;  // key aligned with row i (bottom-right)
-  int32_t l = 0, h = k_len;
+  // int64: windows up to INT32_MAX must not overflow.
+  const int64_t diag = int64_t(i) + k_len - q_len;  // key aligned with row i (bottom-right)
+  int64_t l = 0, h = k_len;
   if (p.window_left >= 0 && diag - p.window_left > l) l = diag - p.window_left;
   if (p.window_right >= 0 && diag + p.window_right + 1 < h) h = diag + p.window_right + 1;
-  *lo = l;
-  *hi = h;
+  *lo = static_cast<int32_t>(l);
+  *hi = static_cast<int32_t>(h < l ? l : h);
 }
 
 }  // namespace jax_flash
