@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include "flash_attention_common.h"
+#include "registry.h"
 #include "jax_flash/flash_attention_common.cuh"
 #include "jax_flash/flash_attention_mma.cuh"
 
@@ -82,3 +83,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
     jax_flash::ffi_impl::flash_attention_binding(
         xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
     {xla::ffi::Traits::kCmdBufferCompatible});
+
+JAX_FLASH_REGISTER_FFI("jax_flash_flash_attention_cuda", JaxFlashAttentionCuda);

@@ -1,6 +1,7 @@
 // XLA FFI handler: jax_flash_flash_attention_cpu.
 #include "flash_attention.h"  // cuda/cpu: the CPU kernel
 #include "flash_attention_common.h"
+#include "registry.h"
 
 namespace jax_flash::ffi_impl {
 
@@ -24,3 +25,5 @@ static ffi::Error FlashAttentionCpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::Any
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashAttentionCpu, jax_flash::ffi_impl::FlashAttentionCpu,
                               jax_flash::ffi_impl::flash_attention_binding(xla::ffi::Ffi::Bind()));
+
+JAX_FLASH_REGISTER_FFI("jax_flash_flash_attention_cpu", JaxFlashAttentionCpu);
