@@ -363,8 +363,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
     int lo_first, hi_first, lo_last, hi_last;
     visible_keys(p, m0, e.q_len, e.k_len, &lo_first, &hi_first);
     visible_keys(p, m0 + rows - 1, e.q_len, e.k_len, &lo_last, &hi_last);
+    const int key_end = min(hi_last, e.k_len);  // the in-loop loads rely on key_end <= k_len
     const int n_first = lo_first / BN;
-    const int n_last = hi_last > lo_first ? (hi_last - 1) / BN : n_first - 1;
+    const int n_last = key_end > lo_first ? (key_end - 1) / BN : n_first - 1;
     const int mask_below = (lo_last + BN - 1) / BN;
     const int mask_from = hi_first > 0 ? hi_first / BN : 0;
 
@@ -413,7 +414,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
         cp_async_commit();
       }
 
-      // Only tile n_last can reach past k_len (hi_last <= k_len), so the K/V loads of tiles
+      // Only tile n_last can reach past k_len (key_end <= k_len), so the K/V loads of tiles
       // n - 1 < n_last issued inside the loop need no row guard.
       int stage = 0;
       for (int n = n_last;; --n) {
