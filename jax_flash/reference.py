@@ -202,3 +202,135 @@ def attention_varlen(
         max_seqlen_q=q.shape[0],
     )
     return (o, lse) if return_lse else o
+
+
+# ---------------------------------------------------------------------------------------------
+# Paged KV cache (layout and rules: cuda/include/jax_flash/paged_params.h)
+
+QMAX = {"int8": 127.0, "float8_e4m3fn": 448.0}
+
+
+def quantize(x, scale, cache_dtype):
+    """x / scale (float32, IEEE division) clamped to +-qmax, rounded (half to even) to the cache
+    dtype; scale 0 stores zeros. `scale` broadcasts against x."""
+    name = jnp.dtype(cache_dtype).name
+    qmax = QMAX[name]
+    x = x.astype(jnp.float32)
+    scale = jnp.asarray(scale, jnp.float32)
+    y = jnp.where(scale == 0, 0.0, x / jnp.where(scale == 0, 1.0, scale))
+    y = jnp.clip(y, -qmax, qmax)
+    if name == "int8":
+        y = jnp.round(y)
+    return y.astype(cache_dtype)
+
+
+def per_token_scale(x, cache_dtype):
+    """amax over the last axis / qmax, float32 (the per-token-and-head scale of append_kv)."""
+    qmax = QMAX[jnp.dtype(cache_dtype).name]
+    return jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1) / jnp.float32(qmax)
+
+
+def gather_pages(pages, block_tables, scale=None):
+    """Dense [B, max_pages * page_size, H, D] float32 copy of a paged cache (ids clipped into
+    range; validity is checked separately), dequantised with a per-head [H] or per-token
+    [num_pages, page_size, H] scale."""
+    num_pages, page_size = pages.shape[:2]
+    ids = jnp.clip(block_tables, 0, num_pages - 1)
+    x = pages[ids].astype(jnp.float32)  # [B, max_pages, page_size, H, D]
+    if scale is not None:
+        s = scale if scale.ndim == 1 else scale[ids][..., None]
+        x = x * s
+    B, mp = block_tables.shape
+    return x.reshape(B, mp * page_size, *pages.shape[2:])
+
+
+def paged_sequence_valid(block_tables, kv_lens, num_pages, page_size):
+    """[B] bool: kv_len in [0, capacity] and every page id it uses in [0, num_pages)."""
+    max_pages = block_tables.shape[1]
+    used = jnp.arange(max_pages)[None, :] < ((kv_lens + page_size - 1) // page_size)[:, None]
+    ids_ok = jnp.all(~used | ((block_tables >= 0) & (block_tables < num_pages)), axis=1)
+    return ids_ok & (kv_lens >= 0) & (kv_lens <= max_pages * page_size)
+
+
+def paged_attention(
+    q,
+    k_pages,
+    v_pages,
+    block_tables,
+    kv_lens,
+    *,
+    k_scale=None,
+    v_scale=None,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+    sliding_window=None,
+    logits_soft_cap: float | None = None,
+    return_lse: bool = False,
+):
+    """Gather the pages into a dense cache and attend: q [B,Hq,D] or [B,Sq,Hq,D] -> o like q
+    (+ lse [B,Hq] or [B,Hq,Sq]). Sequences with bad data (see paged_params.h) give NaN."""
+    single = q.ndim == 3
+    q4 = q[:, None] if single else q
+    page_size, num_pages = k_pages.shape[1], k_pages.shape[0]
+    k = gather_pages(k_pages, block_tables, k_scale)
+    v = gather_pages(v_pages, block_tables, v_scale)
+    o, lse = attention(
+        q4.astype(jnp.float32),
+        k,
+        v,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap,
+        kv_seqlens=kv_lens,
+        return_lse=True,
+    )
+    ok = paged_sequence_valid(block_tables, kv_lens, num_pages, page_size)
+    o = jnp.where(ok[:, None, None, None], o, jnp.nan).astype(q.dtype)
+    lse = jnp.where(ok[:, None, None], lse, jnp.nan)
+    if single:
+        o, lse = o[:, 0], lse[..., 0]
+    return (o, lse) if return_lse else o
+
+
+def append_kv(k_pages, v_pages, k_new, v_new, slot_mapping, *, k_scale=None, v_scale=None):
+    """Scatter k_new/v_new [T,H,D] into the pages at slot_mapping [T] (out-of-range slots are
+    skipped), quantising for int8/e4m3 caches. Returns the updated (k_pages, v_pages, k_scale,
+    v_scale); per-token scales are updated, per-head ones returned as given."""
+    num_pages, page_size = k_pages.shape[:2]
+    n_slots = num_pages * page_size
+    ok = (slot_mapping >= 0) & (slot_mapping < n_slots)
+    slot = jnp.where(ok, slot_mapping, n_slots)  # out of range -> dropped by the scatter
+
+    def write(pages, new, scale):
+        flat = pages.reshape(n_slots, *pages.shape[2:])
+        if scale is None:
+            vals = new.astype(pages.dtype)
+        elif scale.ndim == 1:
+            vals = quantize(new, scale[:, None], pages.dtype)
+        else:
+            tok_scale = per_token_scale(new, pages.dtype)  # [T, H]
+            vals = quantize(new, tok_scale[..., None], pages.dtype)
+            flat_s = scale.reshape(n_slots, -1).at[slot].set(tok_scale, mode="drop")
+            scale = flat_s.reshape(scale.shape)
+        flat = flat.at[slot].set(vals, mode="drop")
+        return flat.reshape(pages.shape), scale
+
+    k_pages, k_scale = write(k_pages, k_new, k_scale)
+    v_pages, v_scale = write(v_pages, v_new, v_scale)
+    return k_pages, v_pages, k_scale, v_scale
+
+
+def copy_pages(k_pages, v_pages, src, dst, *, k_scale=None, v_scale=None):
+    """Copy pages src[i] -> dst[i] (pairs with an id out of range are skipped)."""
+    num_pages = k_pages.shape[0]
+    ok = (src >= 0) & (src < num_pages) & (dst >= 0) & (dst < num_pages)
+    s = jnp.clip(src, 0, num_pages - 1)
+    d = jnp.where(ok, dst, num_pages)
+
+    def cp(x):
+        return None if x is None or x.ndim == 1 else x.at[d].set(x[s], mode="drop")
+
+    k_scale = k_scale if k_scale is None or k_scale.ndim == 1 else cp(k_scale)
+    v_scale = v_scale if v_scale is None or v_scale.ndim == 1 else cp(v_scale)
+    return cp(k_pages), cp(v_pages), k_scale, v_scale

@@ -12,14 +12,13 @@ rows [k_starts[b], k_ends[b])).
 from __future__ import annotations
 
 import dataclasses
-from functools import partial
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _native, reference
-from .._compat import NOT_MAPPED, Primitive, ShapedArray, batching, ffi, mlir
+from .. import reference
+from .._compat import NOT_MAPPED, ShapedArray, batching
+from ._common import make_primitive, register_lowerings
 
 # Largest head dim the CUDA kernels take (cuda/ffi/flash_attention.cu: kMaxCudaHeadDim).
 CUDA_MAX_HEAD_DIM = 256
@@ -38,8 +37,7 @@ class FlashConfig:
     implementation: str | None  # None (native for the platform), "cuda" or "cpu"
 
 
-flash_attention_p = Primitive("jax_flash_attention")
-flash_attention_p.multiple_results = True
+flash_attention_p = make_primitive("jax_flash_attention")
 
 
 def _abstract_eval(q, k, v, q_starts, q_ends, k_starts, k_ends, *, config):
@@ -53,75 +51,43 @@ def _abstract_eval(q, k, v, q_starts, q_ends, k_starts, k_ends, *, config):
 flash_attention_p.def_abstract_eval(_abstract_eval)
 
 
-def _impl(*args, config):
-    # Eager calls run the same lowering as jit.
-    return jax.jit(partial(flash_attention_p.bind, config=config))(*args)
-
-
-flash_attention_p.def_impl(_impl)
-
-
 def _ffi_attrs(config: FlashConfig) -> dict:
     # Attribute types must match the C++ handler exactly (f32 / i32).
-    return dict(
-        softmax_scale=np.float32(config.softmax_scale),
-        softcap=np.float32(config.softcap),
-        window_left=np.int32(config.window_left),
-        window_right=np.int32(config.window_right),
-        max_seqlen_q=np.int32(config.max_seqlen_q),
-        fill_uncovered=np.int32(config.fill_uncovered),
-    )
+    return {
+        "softmax_scale": np.float32(config.softmax_scale),
+        "softcap": np.float32(config.softcap),
+        "window_left": np.int32(config.window_left),
+        "window_right": np.int32(config.window_right),
+        "max_seqlen_q": np.int32(config.max_seqlen_q),
+        "fill_uncovered": np.int32(config.fill_uncovered),
+    }
 
 
-def _lowering(platform: str):
-    target = ffi.ffi_lowering(f"jax_flash_flash_attention_{platform}")
-
-    def lower(ctx, *args, config):
-        if config.implementation not in (None, platform):
-            raise ValueError(
-                f"jax_flash.flash_attention: implementation={config.implementation!r} was asked "
-                f"for, but the computation is placed on {platform!r}"
-            )
-        if platform == "cuda":
-            if not _native.has_cuda_kernels():
-                raise RuntimeError(
-                    "jax_flash was built without its CUDA kernels (no CUDA compiler at build "
-                    "time); reinstall with a CUDA compiler on PATH, or use implementation='xla'"
-                )
-            q_aval, _, v_aval = ctx.avals_in[:3]
-            d, dv = q_aval.shape[2], v_aval.shape[2]
-            if max(d, dv) > CUDA_MAX_HEAD_DIM:
-                raise ValueError(
-                    f"jax_flash.flash_attention: the CUDA kernel takes head dims up to "
-                    f"{CUDA_MAX_HEAD_DIM}, got head_dim={d}, head_dim_v={dv}; "
-                    "use implementation='xla'"
-                )
-        return target(ctx, *args, **_ffi_attrs(config))
-
-    return lower
-
-
-def _reference_lowering(ctx, *args, config):
-    # Platforms without a native kernel (e.g. TPU, ROCm) run the jnp reference.
-    if config.implementation is not None:
+def _check_cuda(ctx, config):
+    q_aval, _, v_aval = ctx.avals_in[:3]
+    d, dv = q_aval.shape[2], v_aval.shape[2]
+    if max(d, dv) > CUDA_MAX_HEAD_DIM:
         raise ValueError(
-            f"jax_flash.flash_attention: implementation={config.implementation!r} has no kernel "
-            "on this platform; use implementation=None or 'xla'"
+            f"jax_flash.flash_attention: the CUDA kernel takes head dims up to "
+            f"{CUDA_MAX_HEAD_DIM}, got head_dim={d}, head_dim_v={dv}; use implementation='xla'"
         )
-    fn = partial(
-        reference.attention_packed,
-        softmax_scale=config.softmax_scale,
-        softcap=config.softcap,
-        window_left=config.window_left,
-        window_right=config.window_right,
-        max_seqlen_q=config.max_seqlen_q,
+
+
+def _reference(*args, config):
+    # Platforms without a native kernel (e.g. TPU, ROCm) run the jnp reference.
+    return list(
+        reference.attention_packed(
+            *args,
+            softmax_scale=config.softmax_scale,
+            softcap=config.softcap,
+            window_left=config.window_left,
+            window_right=config.window_right,
+            max_seqlen_q=config.max_seqlen_q,
+        )
     )
-    return mlir.lower_fun(lambda *a: list(fn(*a)), multiple_results=True)(ctx, *args)
 
 
-mlir.register_lowering(flash_attention_p, _reference_lowering)
-mlir.register_lowering(flash_attention_p, _lowering("cpu"), platform="cpu")
-mlir.register_lowering(flash_attention_p, _lowering("cuda"), platform="cuda")
+register_lowerings(flash_attention_p, "flash_attention", _ffi_attrs, _reference, _check_cuda)
 
 
 def _move(x, bdim, size):

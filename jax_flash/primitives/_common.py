@@ -1,0 +1,73 @@
+"""What every jax_flash primitive shares: eager impl, platform lowerings to FFI targets, and the
+jnp-reference lowering for platforms without a native kernel."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import jax
+
+from .. import _native
+from .._compat import Primitive, ffi, mlir
+
+
+def make_primitive(name: str) -> Primitive:
+    p = Primitive(name)
+    p.multiple_results = True
+
+    def impl(*args, **params):
+        # Eager calls run the same lowering as jit.
+        return jax.jit(partial(p.bind, **params))(*args)
+
+    p.def_impl(impl)
+    return p
+
+
+def register_lowerings(
+    p: Primitive,
+    op: str,
+    attrs: Callable[..., dict],
+    reference: Callable[..., list],
+    check_cuda: Callable | None = None,
+    aliases: dict[int, int] | None = None,
+):
+    """Lower `p` to FFI targets jax_flash_<op>_{cpu,cuda}, and elsewhere to `reference`.
+
+    attrs(config) -> FFI attributes; reference(*args, config=...) -> list of results;
+    check_cuda(ctx, config) raises for cases the CUDA kernels do not take.
+    """
+
+    def lowering(platform: str):
+        target = ffi.ffi_lowering(f"jax_flash_{op}_{platform}", operand_output_aliases=aliases)
+
+        def lower(ctx, *args, config):
+            if config.implementation not in (None, platform):
+                raise ValueError(
+                    f"jax_flash.{op}: implementation={config.implementation!r} was asked for, "
+                    f"but the computation is placed on {platform!r}"
+                )
+            if platform == "cuda":
+                if not _native.has_cuda_kernels():
+                    raise RuntimeError(
+                        "jax_flash was built without its CUDA kernels (no CUDA compiler at build "
+                        "time); reinstall with a CUDA compiler on PATH, or use "
+                        "implementation='xla'"
+                    )
+                if check_cuda is not None:
+                    check_cuda(ctx, config)
+            return target(ctx, *args, **attrs(config))
+
+        return lower
+
+    def lower_reference(ctx, *args, config):
+        if config.implementation is not None:
+            raise ValueError(
+                f"jax_flash.{op}: implementation={config.implementation!r} has no kernel on this "
+                "platform; use implementation=None or 'xla'"
+            )
+        return mlir.lower_fun(partial(reference, config=config), multiple_results=True)(ctx, *args)
+
+    mlir.register_lowering(p, lower_reference)
+    mlir.register_lowering(p, lowering("cpu"), platform="cpu")
+    mlir.register_lowering(p, lowering("cuda"), platform="cuda")
