@@ -7,12 +7,26 @@ primitives, so that jit-compiled decoders run them with no host round trip.
 from . import reference
 from ._native import has_cuda_kernels
 from .ops.flash_attention import flash_attention, flash_attention_varlen
+from .ops.kv_cache import (
+    append_kv,
+    check_paged_inputs,
+    copy_pages,
+    reorder_beams,
+    slot_mapping,
+)
+from .ops.paged_attention import paged_attention
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "append_kv",
+    "check_paged_inputs",
+    "copy_pages",
     "flash_attention",
     "flash_attention_varlen",
     "has_cuda_kernels",
+    "paged_attention",
     "reference",
+    "reorder_beams",
+    "slot_mapping",
 ]

@@ -1,0 +1,208 @@
+"""Writing the paged KV cache in place: `append_kv`, `copy_pages`, `reorder_beams`, plus the
+slot arithmetic and a `checkify` debug check of block tables and lengths."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax.experimental import checkify
+
+from .. import reference
+from ..primitives.kv_cache import CacheConfig, append_kv_p, copy_pages_p
+from . import _checks
+from .paged_attention import check_cache
+
+
+def _bind(p, op, k_pages, v_pages, k_scale, v_scale, extra, implementation):
+    mode = check_cache(op, k_pages, v_pages, k_scale, v_scale)
+    _checks.implementation(op, implementation)
+    quantized = k_scale is not None
+    empty = jnp.zeros((0,), jnp.float32)
+    ks = k_scale if quantized else empty
+    vs = v_scale if quantized else empty
+    if implementation == "xla":
+        fn = reference.append_kv if p is append_kv_p else reference.copy_pages
+        out = fn(k_pages, v_pages, *extra, k_scale=k_scale, v_scale=v_scale)
+    else:
+        out = p.bind(k_pages, v_pages, ks, vs, *extra, config=CacheConfig(mode, implementation))
+    return tuple(out) if quantized else tuple(out[:2])
+
+
+def append_kv(
+    k_pages,
+    v_pages,
+    k_new,
+    v_new,
+    slot_mapping,
+    *,
+    k_scale=None,
+    v_scale=None,
+    implementation: str | None = None,
+):
+    """Write new keys and values into a paged cache, in place.
+
+    Parameters
+    ----------
+    k_pages, v_pages : ``[num_pages, page_size, Hkv, D]`` / ``[..., Dv]``, the new rows' dtype or
+        int8 / float8_e4m3fn (quantized: ``k_scale``/``v_scale`` float32 ``[Hkv]`` are read,
+        ``[num_pages, page_size, Hkv]`` are written per token as ``amax / qmax``).
+    k_new, v_new : ``[T, Hkv, D]`` / ``[T, Hkv, Dv]`` float32, float16 or bfloat16.
+    slot_mapping : int32 ``[T]``: row ``t`` goes to page ``slot // page_size`` at offset
+        ``slot % page_size``. Slots that are negative or ``>= num_pages * page_size`` are skipped
+        (use -1 for padding rows).
+
+    Returns
+    -------
+    ``(k_pages, v_pages)``, or ``(k_pages, v_pages, k_scale, v_scale)`` for a quantized cache.
+    The FFI call aliases each cache input to its output: under ``jax.jit`` with the cache
+    arguments donated (``donate_argnums``) XLA updates the cache where it lies, with no copy.
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp, jax_flash
+    >>> k_pages = v_pages = jnp.zeros((8, 16, 2, 64), jnp.float16)
+    >>> k_new = v_new = jnp.ones((3, 2, 64), jnp.float16)
+    >>> write = jax.jit(jax_flash.append_kv, donate_argnums=(0, 1))
+    >>> k_pages, v_pages = write(k_pages, v_pages + 0, k_new, v_new, jnp.array([0, 1, 40]))
+    >>> float(k_pages[2, 8, 0, 0])  # slot 40 = page 2, offset 8
+    1.0
+    """
+    op = "append_kv"
+    _checks.array_arg(op, "k_new", k_new, 3, "[T, Hkv, D]")
+    _checks.array_arg(op, "v_new", v_new, 3, "[T, Hkv, Dv]")
+    _checks.float_dtype(op, "k_new", k_new)
+    _checks.float_dtype(op, "v_new", v_new, like=k_new)
+    T, Hkv = k_new.shape[:2]
+    if v_new.shape[:2] != (T, Hkv):
+        raise ValueError(f"{op}: v_new {tuple(v_new.shape)} does not match k_new {k_new.shape}")
+    check_cache(op, k_pages, v_pages, k_scale, v_scale, head_dim=k_new.shape[2], dtype=k_new.dtype)
+    if k_pages.shape[2] != Hkv or v_pages.shape[3] != v_new.shape[2]:
+        raise ValueError(
+            f"{op}: new rows [T, Hkv, D]/[T, Hkv, Dv] = {tuple(k_new.shape)}/{tuple(v_new.shape)} "
+            f"do not match the pages {tuple(k_pages.shape)}/{tuple(v_pages.shape)}"
+        )
+    slot_mapping = _checks.int_vector(op, "slot_mapping", slot_mapping, T)
+    return _bind(
+        append_kv_p, op, k_pages, v_pages, k_scale, v_scale,
+        (k_new, v_new, slot_mapping), implementation,
+    )  # fmt: skip
+
+
+def copy_pages(k_pages, v_pages, src, dst, *, k_scale=None, v_scale=None, implementation=None):
+    """Copy whole pages ``src[i] -> dst[i]`` of both caches (and per-token scales), in place.
+
+    Destinations must be distinct and must not be sources; pairs with an id outside
+    ``[0, num_pages)`` are skipped. Returns like :func:`append_kv`."""
+    op = "copy_pages"
+    src = jnp.asarray(src)
+    if not hasattr(src, "ndim") or src.ndim != 1:
+        raise ValueError(f"{op}: src must have shape (N,), got {getattr(src, 'shape', None)}")
+    src = _checks.int_vector(op, "src", src, src.shape[0])
+    dst = _checks.int_vector(op, "dst", dst, src.shape[0])
+    return _bind(copy_pages_p, op, k_pages, v_pages, k_scale, v_scale, (src, dst), implementation)
+
+
+def slot_mapping(block_tables, positions, page_size: int, valid=None):
+    """Slots of cache positions: ``block_tables[b, pos // page_size] * page_size + pos %
+    page_size`` for positions ``[B, S]`` (or ``[B]``); -1 where ``valid`` is False or the
+    position lies past the block table."""
+    positions = jnp.asarray(positions, jnp.int32)
+    squeeze = positions.ndim == 1
+    pos = positions[:, None] if squeeze else positions
+    col = pos // page_size
+    in_table = (pos >= 0) & (col < block_tables.shape[1])
+    page = jnp.take_along_axis(block_tables, jnp.clip(col, 0, block_tables.shape[1] - 1), axis=1)
+    slots = jnp.where(in_table, page * page_size + pos % page_size, -1)
+    if valid is not None:
+        slots = jnp.where(jnp.asarray(valid).reshape(slots.shape[0], -1), slots, -1)
+    return slots[:, 0] if squeeze else slots
+
+
+def reorder_beams(
+    block_tables, kv_lens, beam_ids, spare_pages, k_pages, v_pages, *, k_scale=None,
+    v_scale=None, page_size=None, implementation=None,
+):  # fmt: skip
+    """Reorder beams through the paged cache with copy-on-write of the partially filled page.
+
+    New beam ``i`` continues beam ``beam_ids[i]``: it takes that beam's block-table row and
+    length, sharing its full pages (never written again); the partially filled last page, which
+    the new beam will append to, is copied into ``spare_pages[i]`` (a free page reserved for
+    beam ``i``) by :func:`copy_pages`. The old beams' partial last pages are free afterwards and
+    become the new spares. All beams of a request must have the same length (as in beam search).
+
+    Parameters
+    ----------
+    block_tables : int32 ``[N, max_pages]``; kv_lens : int32 ``[N]``; beam_ids : int ``[N]``
+        (row index of each new beam's parent); spare_pages : int32 ``[N]`` distinct free pages.
+
+    Returns
+    -------
+    ``(block_tables, kv_lens, spare_pages, caches)`` where ``caches`` is the tuple returned by
+    :func:`copy_pages`. Jittable; donate the caches to reorder in place.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp, jax_flash
+    >>> kp = vp = jnp.zeros((8, 4, 1, 64), jnp.float32)
+    >>> bt = jnp.array([[0, 1], [2, 3]], jnp.int32)        # two beams, 6 tokens each
+    >>> lens = jnp.array([6, 6], jnp.int32)
+    >>> bt, lens, spare, (kp, vp) = jax_flash.reorder_beams(
+    ...     bt, lens, jnp.array([0, 0]), jnp.array([6, 7], jnp.int32), kp, vp)
+    >>> bt.tolist()   # both continue beam 0: page 0 shared, page 1 copied to 6 and 7
+    [[0, 6], [0, 7]]
+    >>> spare.tolist()  # the old partial pages 1 and 3 are free now
+    [1, 3]
+    """
+    op = "reorder_beams"
+    page_size = k_pages.shape[1] if page_size is None else page_size
+    N = block_tables.shape[0]
+    beam_ids = _checks.int_vector(op, "beam_ids", beam_ids, N)
+    spare_pages = _checks.int_vector(op, "spare_pages", spare_pages, N)
+    kv_lens = _checks.int_vector(op, "kv_lens", kv_lens, N)
+    parent = jnp.clip(beam_ids, 0, N - 1)
+    rows = block_tables[parent]
+    lens = kv_lens[parent]
+    last = jnp.clip((lens - 1) // page_size, 0, block_tables.shape[1] - 1)  # [N]
+    partial = (lens % page_size) != 0
+    tail = jnp.take_along_axis(rows, last[:, None], axis=1)[:, 0]  # each parent's last page
+    src = jnp.where(partial, tail, -1)
+    dst = jnp.where(partial, spare_pages, -1)
+    rows = rows.at[jnp.arange(N), last].set(jnp.where(partial, spare_pages, tail))
+    old_last = jnp.clip((kv_lens - 1) // page_size, 0, block_tables.shape[1] - 1)
+    old_tail = jnp.take_along_axis(block_tables, old_last[:, None], axis=1)[:, 0]
+    new_spare = jnp.where((kv_lens % page_size) != 0, old_tail, spare_pages)
+    caches = copy_pages(
+        k_pages, v_pages, src, dst, k_scale=k_scale, v_scale=v_scale,
+        implementation=implementation,
+    )  # fmt: skip
+    return rows, lens, new_spare, caches
+
+
+def check_paged_inputs(block_tables, kv_lens, num_pages: int, page_size: int):
+    """Debug check of paged-attention inputs under ``jax.experimental.checkify``.
+
+    Reports the first bad entry by name: a ``kv_lens[b]`` outside ``[0, max_pages * page_size]``
+    or a ``block_tables[b, j]`` outside ``[0, num_pages)`` among the pages ``kv_lens[b]`` uses.
+    Call it inside a function wrapped by ``checkify.checkify`` (then ``err.throw()``)."""
+    B, max_pages = block_tables.shape
+    cap = max_pages * page_size
+    bad_len = (kv_lens < 0) | (kv_lens > cap)
+    b = jnp.argmax(bad_len)
+    checkify.check(
+        ~jnp.any(bad_len),
+        "kv_lens[{b}] = {v} is outside [0, {cap}] (max_pages * page_size)",
+        b=b,
+        v=kv_lens[b],
+        cap=jnp.int32(cap),
+    )
+    pages_used = (jnp.clip(kv_lens, 0, cap) + page_size - 1) // page_size
+    used = jnp.arange(max_pages)[None, :] < pages_used[:, None]
+    bad_id = used & ((block_tables < 0) | (block_tables >= num_pages))
+    flat = jnp.argmax(bad_id.reshape(-1))
+    checkify.check(
+        ~jnp.any(bad_id),
+        "block_tables[{b}, {j}] = {v} is outside [0, {n}) (num_pages)",
+        b=flat // max_pages,
+        j=flat % max_pages,
+        v=block_tables.reshape(-1)[flat],
+        n=jnp.int32(num_pages),
+    )

@@ -1,0 +1,180 @@
+"""The `jax_flash_paged_attention` primitive: attention of queries against a paged KV cache.
+
+    operands  q [B,Sq,Hq,D], k_pages [P,page,Hkv,D], v_pages [P,page,Hkv,Dv],
+              k_scale, v_scale ([0] | [Hkv] | [P,page,Hkv] float32),
+              block_tables [B,max_pages] int32, kv_lens [B] int32
+    results   o [B,Sq,Hq,Dv] (dtype of q), lse [B,Hq,Sq] float32,
+              o_partial [splits,B,Sq,Hq,Dv], lse_partial [splits,B,Hq,Sq] float32 (split-KV
+              scratch: [0] when splits == 1; dropped by the op)
+
+Semantics and bad-data rules: cuda/include/jax_flash/paged_params.h.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+
+from .. import reference
+from .._compat import NOT_MAPPED, ShapedArray, batching
+from ._common import make_primitive, register_lowerings
+
+SCALE_NONE, SCALE_PER_HEAD, SCALE_PER_TOKEN = 0, 1, 2
+CUDA_HEAD_DIMS = (64, 128, 256)
+
+
+@dataclasses.dataclass(frozen=True)
+class PagedConfig:
+    softmax_scale: float
+    softcap: float
+    window_left: int
+    window_right: int
+    num_splits: int
+    scale_mode: int
+    implementation: str | None
+
+
+paged_attention_p = make_primitive("jax_flash_paged_attention")
+
+
+def _abstract_eval(q, k_pages, v_pages, k_scale, v_scale, block_tables, kv_lens, *, config):
+    B, Sq, Hq, _ = q.shape
+    Dv = v_pages.shape[3]
+    s = config.num_splits
+    part_o = (s, B, Sq, Hq, Dv) if s > 1 else (0,)
+    part_l = (s, B, Hq, Sq) if s > 1 else (0,)
+    return (
+        ShapedArray((B, Sq, Hq, Dv), q.dtype),
+        ShapedArray((B, Hq, Sq), jnp.float32),
+        ShapedArray(part_o, jnp.float32),
+        ShapedArray(part_l, jnp.float32),
+    )
+
+
+paged_attention_p.def_abstract_eval(_abstract_eval)
+
+
+def _attrs(config: PagedConfig) -> dict:
+    return {
+        "softmax_scale": np.float32(config.softmax_scale),
+        "softcap": np.float32(config.softcap),
+        "window_left": np.int32(config.window_left),
+        "window_right": np.int32(config.window_right),
+        "num_splits": np.int32(config.num_splits),
+        "scale_mode": np.int32(config.scale_mode),
+    }
+
+
+def _check_cuda(ctx, config):
+    q, _, v = ctx.avals_in[:3]
+    if q.shape[3] != v.shape[3] or q.shape[3] not in CUDA_HEAD_DIMS:
+        raise ValueError(
+            f"jax_flash.paged_attention: the CUDA kernel takes head dims {CUDA_HEAD_DIMS} with "
+            f"D == Dv, got D={q.shape[3]}, Dv={v.shape[3]}; use implementation='xla'"
+        )
+
+
+def _scales(config, k_scale, v_scale):
+    if config.scale_mode == SCALE_NONE:
+        return None, None
+    return k_scale, v_scale
+
+
+def _reference(q, k_pages, v_pages, k_scale, v_scale, block_tables, kv_lens, *, config):
+    ks, vs = _scales(config, k_scale, v_scale)
+    o, lse = reference.paged_attention(
+        q,
+        k_pages,
+        v_pages,
+        block_tables,
+        kv_lens,
+        k_scale=ks,
+        v_scale=vs,
+        causal=False,
+        softmax_scale=config.softmax_scale,
+        sliding_window=(config.window_left, config.window_right),
+        logits_soft_cap=config.softcap,
+        return_lse=True,
+    )
+    shapes = _abstract_eval(
+        q, k_pages, v_pages, k_scale, v_scale, block_tables, kv_lens, config=config
+    )[2:]
+    return [o, lse] + [jnp.zeros(a.shape, a.dtype) for a in shapes]
+
+
+register_lowerings(paged_attention_p, "paged_attention", _attrs, _reference, _check_cuda)
+
+
+def _move(x, bdim, size):
+    if bdim is NOT_MAPPED:
+        return jnp.broadcast_to(x, (size,) + x.shape)
+    return jnp.moveaxis(x, bdim, 0)
+
+
+def _batch(args, dims, *, config):
+    q, kp, vp, ks, vs, bt, kl = args
+    qd, kpd, vpd, ksd, vsd, btd, kld = dims
+    size = next(x.shape[d] for x, d in zip(args, dims, strict=True) if d is not NOT_MAPPED)
+    cache_mapped = any(d is not NOT_MAPPED for d in (kpd, vpd, ksd, vsd))
+
+    if not cache_mapped and btd is NOT_MAPPED and kld is NOT_MAPPED:
+        # Only q is mapped: more query heads over the same sequences (a larger GQA group).
+        qm = jnp.moveaxis(q, qd, 3)  # [B, Sq, Hq, N, D]
+        B, Sq, Hq = qm.shape[:3]
+        out = paged_attention_p.bind(
+            qm.reshape(B, Sq, Hq * size, qm.shape[4]), kp, vp, ks, vs, bt, kl, config=config
+        )
+        o = out[0].reshape(B, Sq, Hq, size, -1)
+        lse = out[1].reshape(B, Hq, size, Sq)
+        return _with_scratch((o, lse), (3, 2))
+
+    config_b = config
+    if cache_mapped:
+        # Each instance has its own cache: stack the caches' pages and shift the page ids of
+        # instance n by n * num_pages (ids out of range stay out of range).
+        kpm, vpm = _move(kp, kpd, size), _move(vp, vpd, size)
+        P = kpm.shape[1]
+        kp, vp = kpm.reshape(size * P, *kpm.shape[2:]), vpm.reshape(size * P, *vpm.shape[2:])
+        if config.scale_mode == SCALE_PER_HEAD and (ksd is not NOT_MAPPED or vsd is not NOT_MAPPED):
+            # Per-instance per-head scales become per-token scales of the stacked pages.
+            page = kpm.shape[2]
+            ks, vs = (
+                jnp.broadcast_to(
+                    _move(s, d, size)[:, None, None, :], (size, P, page, s.shape[-1])
+                ).reshape(size * P, page, -1)
+                for s, d in ((ks, ksd), (vs, vsd))
+            )
+            config_b = dataclasses.replace(config, scale_mode=SCALE_PER_TOKEN)
+        elif config.scale_mode == SCALE_PER_TOKEN:
+            ks = _move(ks, ksd, size).reshape(size * P, *ks.shape[-2:])
+            vs = _move(vs, vsd, size).reshape(size * P, *vs.shape[-2:])
+        btm = _move(bt, btd, size)
+        off = (jnp.arange(size, dtype=jnp.int32) * P)[:, None, None]
+        btm = jnp.where((btm >= 0) & (btm < P), btm + off, -1)
+    else:
+        btm = _move(bt, btd, size)
+    B = btm.shape[1]
+    qm = _move(q, qd, size)
+    out = paged_attention_p.bind(
+        qm.reshape(size * B, *qm.shape[2:]),
+        kp,
+        vp,
+        ks,
+        vs,
+        btm.reshape(size * B, btm.shape[2]),
+        _move(kl, kld, size).reshape(size * B),
+        config=config_b,
+    )
+    o = out[0].reshape(size, B, *out[0].shape[1:])
+    lse = out[1].reshape(size, B, *out[1].shape[1:])
+    return _with_scratch((o, lse), (0, 0))
+
+
+def _with_scratch(outs, dims):
+    # The split scratch is internal: under vmap it is returned unbatched and unused.
+    return list(outs) + [jnp.zeros((0,), jnp.float32)] * 2, list(dims) + [NOT_MAPPED] * 2
+
+
+batching.primitive_batchers[paged_attention_p] = _batch
