@@ -1,6 +1,7 @@
 """Benchmarks of jax_flash against its peers, measured in one process on one device.
 
     python -m jax_flash.bench prefill [--grid quick|full] [--out DIR] [--dtype bfloat16 ...]
+    python -m jax_flash.bench decode  [--grid quick|full] [--out DIR] [--dtype bfloat16 ...]
 
 Each row times jax_flash and the peers available on the device on the same fresh random inputs:
 on GPU `jax.nn.dot_product_attention` with implementation "cudnn" and "xla", JAX Pallas
@@ -9,6 +10,12 @@ on GPU `jax.nn.dot_product_attention` with implementation "cudnn" and "xla", JAX
 warm-up, synchronised with `block_until_ready`. Every result also gets its relative error against
 the float32 reference on the same inputs (where the reference fits in memory). The table is
 printed; JSON (with device, versions, rooflines) and a PNG plot go to --out.
+
+Decode rows time paged attention over a paged KV cache (random page permutation) beside JAX
+Pallas `paged_attention` (best of k_splits 1/4/16, on the same cache in its head-major layout),
+the jnp gather reference, and cuDNN on a contiguous copy of the cache (the non-paged bound); the
+figure of merit is the effective KV bandwidth, bytes of K and V read / time. Decode calls are
+short, so each is timed inside one jitted `lax.fori_loop` of many calls (dispatch excluded).
 """
 
 from __future__ import annotations
@@ -305,15 +312,217 @@ def _save(result, out_dir, name):
     print(f"saved {path}.png")
 
 
+# ---------------------------------------------------------------------------------------------
+# decode
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeShape:
+    batch: int
+    ctx: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    page_size: int
+    dtype: str  # of q
+    cache_dtype: str
+    seqlen_q: int = 1
+
+    @property
+    def kv_bytes(self) -> float:
+        elem = jnp.dtype(self.cache_dtype).itemsize
+        return 2.0 * self.batch * self.ctx * self.heads_kv * self.head_dim * elem
+
+    def label(self) -> str:
+        return (
+            f"{self.cache_dtype} B{self.batch} ctx{self.ctx} H{self.heads_q}/{self.heads_kv} "
+            f"D{self.head_dim} p{self.page_size} Sq{self.seqlen_q}"
+        )
+
+
+def _loop_time(fn, args, n=20) -> float:
+    """Seconds per call of fn(q, *rest), run n times inside one jitted fori_loop (the next q
+    depends on the last output, so no call is hoisted or skipped)."""
+
+    def body(_, carry):
+        q, rest = carry[0], carry[1:]
+        o = fn(q, *rest)
+        q = q + (o.reshape(-1)[0] * 0).astype(q.dtype)
+        return (q, *rest)
+
+    loop = jax.jit(lambda *a: jax.lax.fori_loop(0, n, body, a)[0])
+    return _median_time(loop, args, warmup=2, iters=5, min_time=0.0) / n
+
+
+def _decode_grid(name, device_kind, dtypes):
+    if device_kind != "gpu":
+        return [
+            DecodeShape(b, c, 8, 2, 128, 16, dt, dt)
+            for dt in dtypes
+            for b, c in ((1, 4096), (8, 1024))
+        ]
+    shapes = [(1, 32768), (8, 8192), (64, 8192), (128, 2048), (256, 1024)]
+    if name == "full":
+        shapes = [
+            (1, 131072),
+            (1, 32768),
+            (1, 8192),
+            (8, 8192),
+            (32, 4096),
+            (64, 8192),
+            (128, 2048),
+            (256, 1024),
+        ]
+    return [DecodeShape(b, c, 32, 8, 128, 16, dt, dt) for dt in dtypes for b, c in shapes]
+
+
+def _make_paged(s: DecodeShape, key):
+    pages_per_seq = -(-s.ctx // s.page_size)
+    num_pages = s.batch * pages_per_seq
+    kq, kk, kv, kp = jax.random.split(key, 4)
+    dtype = jnp.dtype(s.dtype)
+    q_shape = (
+        (s.batch, s.heads_q, s.head_dim)
+        if s.seqlen_q == 1
+        else (s.batch, s.seqlen_q, s.heads_q, s.head_dim)
+    )
+    q = jax.random.normal(kq, q_shape, dtype)
+    shape = (num_pages, s.page_size, s.heads_kv, s.head_dim)
+    k_pages = jax.random.normal(kk, shape, dtype)
+    v_pages = jax.random.normal(kv, shape, dtype)
+    perm = jax.random.permutation(kp, num_pages).astype(jnp.int32)
+    block_tables = perm.reshape(s.batch, pages_per_seq)
+    kv_lens = jnp.full((s.batch,), s.ctx, jnp.int32)
+    return q, k_pages, v_pages, block_tables, kv_lens
+
+
+def _decode_peers(kind, s: DecodeShape, k_pages, v_pages, block_tables):
+    peers = {"jax_flash": jax_flash.paged_attention}
+    if kind == "gpu" and s.seqlen_q == 1:
+        try:
+            from jax.experimental.pallas.ops.gpu import paged_attention as pallas_paged
+        except ImportError:
+            pallas_paged = None
+        if pallas_paged is not None:
+            # Pallas takes the head-major layout [Hkv, pages, page_size, D]: give it its own copy.
+            kh = jnp.transpose(k_pages, (2, 0, 1, 3))
+            vh = jnp.transpose(v_pages, (2, 0, 1, 3))
+            for splits in (1, 4, 16):
+                if block_tables.shape[1] % splits:
+                    continue
+
+                def fn(q, kp, vp, bt, kl, splits=splits, kh=kh, vh=vh):
+                    return pallas_paged.paged_attention(
+                        q,
+                        kh,
+                        vh,
+                        bt,
+                        kl,
+                        k_splits=splits,
+                        pages_per_compute_block=max(1, min(8, bt.shape[1] // splits)),
+                    )
+
+                peers[f"pallas_k{splits}"] = fn
+        dense = functools.partial(reference.gather_pages, block_tables=block_tables)
+
+        def cudnn(q, kp, vp, bt, kl, k=None, v=None):
+            return jax.nn.dot_product_attention(q[:, None], k, v, implementation="cudnn")[:, 0]
+
+        kd = dense(k_pages).astype(s.dtype)
+        vd = dense(v_pages).astype(s.dtype)
+        peers["cudnn_contiguous"] = functools.partial(cudnn, k=kd, v=vd)
+    peers["jnp_gather"] = functools.partial(jax_flash.paged_attention, implementation="xla")
+    return peers
+
+
+def _read_bandwidth(kind) -> dict:
+    if kind != "gpu":
+        return {}
+    x = jax.random.normal(jax.random.key(5), (1 << 31,), jnp.bfloat16)  # 4 GiB
+    t = _median_time(jax.jit(jnp.sum), (x,))
+    return {"hbm_read_gbps": x.size * 2 / t / 1e9}
+
+
+def run_decode(grid="quick", dtypes=("bfloat16",), out_dir=None):
+    device = jax.devices()[0]
+    kind = "gpu" if device.platform == "gpu" else "cpu"
+    info = _device_info(device)
+    print(f"# device: {info['device']} ({kind}), jax {info['jax']}", flush=True)
+    roof = _read_bandwidth(kind)
+    if roof:
+        print(f"# HBM read bandwidth (jnp.sum of 4 GiB): {roof['hbm_read_gbps']:.0f} GB/s")
+    shapes = _decode_grid(grid, kind, dtypes)
+    rows = []
+    for i, s in enumerate(shapes):
+        print(f"[{i + 1}/{len(shapes)}] {s.label()}", flush=True)
+        q, kp, vp, bt, kl = _make_paged(s, jax.random.key(2000 + i))
+        ref = None
+        if s.batch * s.ctx <= 1 << 20:
+            ref = np.asarray(
+                jax.jit(reference.paged_attention)(q.astype(jnp.float32), kp, vp, bt, kl)
+            )
+        row = {"shape": dataclasses.asdict(s), "results": {}}
+        for name, fn in _decode_peers(kind, s, kp, vp, bt).items():
+            try:
+                t = _loop_time(fn, (q, kp, vp, bt, kl))
+                res = {"us": t * 1e6, "gbps": s.kv_bytes / t / 1e9}
+                if roof:
+                    res["pct_roofline"] = 100 * res["gbps"] / roof["hbm_read_gbps"]
+                if ref is not None:
+                    res["rel_err"] = _rel_err(jax.jit(fn)(q, kp, vp, bt, kl), ref)
+            except Exception as e:
+                res = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
+            row["results"][name] = res
+            print(
+                f"    {name:18s} {res['us']:10.1f} us {res['gbps']:8.1f} GB/s"
+                + (f"  err {res['rel_err']:.2e}" if "rel_err" in res else "")
+                if "us" in res
+                else f"    {name:18s} {res['error']}",
+                flush=True,
+            )
+        pallas = [
+            r["gbps"] for n, r in row["results"].items() if n.startswith("pallas") and "gbps" in r
+        ]
+        if pallas:
+            row["results"]["pallas_best"] = {"gbps": max(pallas)}
+        rows.append(row)
+    print()
+    names = ["jax_flash", "pallas_best", "cudnn_contiguous", "jnp_gather"]
+    print(f"{'shape':52s}" + "".join(f"{n:>18s}" for n in names) + "   jf/pallas")
+    for r in rows:
+        cells = "".join(
+            f"{r['results'][n]['gbps']:18.1f}"
+            if "gbps" in r["results"].get(n, {})
+            else f"{'-':>18s}"
+            for n in names
+        )
+        jf, pb = r["results"].get("jax_flash", {}), r["results"].get("pallas_best", {})
+        ratio = jf["gbps"] / pb["gbps"] if "gbps" in jf and "gbps" in pb else float("nan")
+        print(f"{DecodeShape(**r['shape']).label():52s}{cells}{ratio:12.2f}")
+    print("(effective KV bandwidth, GB/s = bytes of K and V read / time)")
+    result = {"benchmark": "decode", "info": info, "rooflines": roof, "rows": rows}
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        dev = info["device"].replace(" ", "_")
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S")
+        path = os.path.join(out_dir, f"decode_{dev}_{stamp}.json")
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"saved {path}")
+    return result
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m jax_flash.bench", description=__doc__)
-    parser.add_argument("which", choices=["prefill"])
+    parser.add_argument("which", choices=["prefill", "decode"])
     parser.add_argument("--grid", choices=["quick", "full"], default="quick")
     parser.add_argument("--dtype", nargs="+", default=["bfloat16"])
     parser.add_argument("--out", default=None, help="directory for JSON and PNG")
     args = parser.parse_args(argv)
     if args.which == "prefill":
         run_prefill(args.grid, tuple(args.dtype), args.out)
+    else:
+        run_decode(args.grid, tuple(args.dtype), args.out)
 
 
 if __name__ == "__main__":
