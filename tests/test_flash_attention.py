@@ -304,10 +304,12 @@ def test_varlen_vmap(platform, rng):
 
 def test_varlen_garbage_offsets_stay_in_bounds(platform, rng):
     # cu_seqlens are device data: out-of-range and decreasing values are clamped, never followed.
+    # (Query ranges that overlap after clamping have no defined result: each overlapped row holds
+    # one of the sequences' outputs; this test keeps them apart. Key ranges may overlap.)
     q = randn(rng, (40, 4, 64), jnp.float16)
     k = randn(rng, (30, 2, 64), jnp.float16)
     v = randn(rng, (30, 2, 64), jnp.float16)
-    cu_q = jnp.asarray([-7, 10, 5, 1000, 2**31 - 1], jnp.int32)
+    cu_q = jnp.asarray([5, -3, 2, 20, 2**31 - 1], jnp.int32)
     cu_k = jnp.asarray([0, 2**30, -3, 12, 30], jnp.int32)
     fn = functools.partial(jax_flash.flash_attention_varlen, causal=True, return_lse=True)
     o, lse = jax.jit(functools.partial(fn, implementation=platform.name))(

@@ -181,9 +181,11 @@ def flash_attention_varlen(
     q : Array ``[Tq, Hq, D]`` float32, float16 or bfloat16 (all sequences' rows, packed).
     k : Array ``[Tk, Hkv, D]``; v : Array ``[Tk, Hkv, Dv]``; same dtype, ``Hq % Hkv == 0``.
     cu_seqlens_q, cu_seqlens_k : int32 ``[B+1]``
-        Cumulative lengths (``cu[0] = 0`` usually). Device data: values outside ``[0, T]`` or
-        decreasing are clamped and never cause an out-of-bounds access. Rows owned by no sequence
-        (e.g. past ``cu_seqlens_q[B]``) give zeros and ``lse = -inf``.
+        Cumulative lengths (``cu[0] = 0`` usually). Device data: each sequence's range is
+        clamped into ``[0, T]`` (an end below its start is an empty sequence), so no value causes
+        an out-of-bounds access. Rows owned by no sequence (e.g. past ``cu_seqlens_q[B]``) give
+        zeros and ``lse = -inf``; a row that clamped query ranges share holds one of their
+        results.
     causal, softmax_scale, sliding_window, logits_soft_cap, implementation
         As in :func:`flash_attention`.
     return_lse : bool
