@@ -1,0 +1,65 @@
+// XLA FFI handler: jax_flash_paged_attention_cuda. Paged decode attention (and, for
+// num_splits > 1, the split-KV merge) on the CUDA kernels of jax_flash/paged_attention.cuh.
+// Never synchronizes the stream and never allocates (the split-KV scratch comes in as the
+// o_partial / lse_partial results), so XLA may capture it in a CUDA graph.
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "paged_common.h"
+#include "registry.h"
+#include "jax_flash/paged_attention.cuh"
+
+namespace jax_flash::paged_ffi {
+
+static ffi::Error PagedAttentionCuda(
+    cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k_pages, ffi::AnyBuffer v_pages,
+    ffi::Buffer<ffi::F32> k_scale, ffi::Buffer<ffi::F32> v_scale,
+    ffi::Buffer<ffi::S32> block_tables, ffi::Buffer<ffi::S32> kv_lens,
+    ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::Buffer<ffi::F32>> lse,
+    ffi::Result<ffi::Buffer<ffi::F32>> o_partial, ffi::Result<ffi::Buffer<ffi::F32>> lse_partial,
+    float softmax_scale, float softcap, int32_t window_left, int32_t window_right,
+    int32_t num_splits, int32_t scale_mode) {
+  constexpr const char* op = "paged_attention";
+  PagedAttentionParams p;
+  ffi::Error err = make_paged_attention_params(
+      q, k_pages, v_pages, k_scale, v_scale, block_tables, kv_lens, o, lse, o_partial,
+      lse_partial, softmax_scale, softcap, window_left, window_right, num_splits, scale_mode,
+      /*check_partials=*/true, &p);
+  if (err.failure()) return err;
+  if (p.head_dim != p.head_dim_v || (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256))
+    return invalid(op, "the CUDA kernel takes head dims 64, 128 or 256 with D == Dv, got q " +
+                           dims_str(q.dimensions()) + " and v_pages " +
+                           dims_str(v_pages.dimensions()) + " (D = " +
+                           std::to_string(p.head_dim) + ", Dv = " + std::to_string(p.head_dim_v) +
+                           ")");
+  if (p.num_splits > paged::kMaxMergeSplits)
+    return invalid(op, "the CUDA kernel takes num_splits <= " +
+                           std::to_string(paged::kMaxMergeSplits) + ", got " +
+                           std::to_string(p.num_splits));
+  const int64_t rows = static_cast<int64_t>(p.num_heads / p.num_heads_k) * p.seqlen_q;
+  const int64_t mt = paged::paged_rows_per_cta(rows);
+  const int64_t chunks = (rows + mt - 1) / mt;
+  if (static_cast<int64_t>(p.batch) * p.num_heads_k * p.num_splits * chunks > INT32_MAX)
+    return invalid(op, "too many CTAs: B * Hkv * num_splits * ceil(Hq / Hkv * Sq / 16) must be "
+                       "< 2^31, got q " + dims_str(q.dimensions()) + ", num_splits " +
+                           std::to_string(p.num_splits));
+  if (!paged_attention_cuda_supported(p))
+    return invalid(op, "unsupported combination of dtypes, head dims and scale mode");
+  const cudaError_t status = paged_attention_cuda(p, stream);
+  if (status != cudaSuccess)
+    return ffi::Error(ffi::ErrorCode::kInternal,
+                      std::string("jax_flash.paged_attention: CUDA error: ") +
+                          cudaGetErrorString(status));
+  return ffi::Error::Success();
+}
+
+}  // namespace jax_flash::paged_ffi
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxPagedAttentionCuda, jax_flash::paged_ffi::PagedAttentionCuda,
+    jax_flash::paged_ffi::paged_attention_binding(
+        xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
+    {xla::ffi::Traits::kCmdBufferCompatible});
+
+JAX_FLASH_REGISTER_FFI("jax_flash_paged_attention_cuda", JaxPagedAttentionCuda);
