@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 
@@ -74,16 +72,24 @@ def _sm_count() -> int:
     return int(getattr(dev, "core_count", 0) or _DEFAULT_SM_COUNT)
 
 
-def default_num_splits(batch: int, num_heads_k: int, capacity: int, page_size: int) -> int:
-    """Split count for a decode call: enough (batch, kv head, split) work items to fill the GPU
-    about twice over, no split shorter than 512 keys (or one page), at most 64."""
-    work = batch * num_heads_k
-    target = 2 * _sm_count()
-    if work >= target // 2 or capacity <= 1024:
+def default_num_splits(
+    batch: int, num_heads_k: int, group: int, seqlen_q: int, capacity: int
+) -> int:
+    """Split count for a CUDA decode call (the CPU kernel splits on its own).
+
+    The CUDA kernel runs one CTA per (sequence, kv head, split, chunk of <= 16 query rows of the
+    group); two 4-8-row CTAs (or one 16-row CTA) fit an SM. Aim for about one wave: no split if
+    the CTAs already fill 80% of the slots, else the largest power of two that fills them, with
+    at least 128 keys per split. Measured best on an H100 for bf16 GQA-4 (B=1 -> 32, 2 -> 16,
+    4 -> 8, 8 -> 4, 16 -> 2, >= 32 -> 1)."""
+    rows = group * seqlen_q
+    mt = 4 if rows <= 4 else 8 if rows <= 8 else 16
+    ctas = batch * num_heads_k * -(-rows // mt)
+    slots = _sm_count() * (2 if mt <= 8 else 1)
+    if ctas * 5 >= slots * 4:
         return 1
-    by_fill = math.ceil(target / work)
-    by_length = max(1, capacity // max(512, page_size))
-    return int(max(1, min(by_fill, by_length, 64)))
+    s = min(slots // ctas, -(-capacity // 128))
+    return 1 << (max(1, s).bit_length() - 1)
 
 
 def paged_attention(
@@ -173,7 +179,7 @@ def paged_attention(
     _checks.implementation(_OP, implementation)
     max_pages = block_tables.shape[1]
     if num_splits is None:
-        num_splits = default_num_splits(B, Hkv, max_pages * page_size, page_size)
+        num_splits = default_num_splits(B, Hkv, Hq // Hkv, Sq, max_pages * page_size)
     elif int(num_splits) < 1:
         raise ValueError(f"{_OP}: num_splits must be >= 1, got {num_splits}")
     num_splits = int(min(int(num_splits), max(1, max_pages)))
