@@ -1,0 +1,86 @@
+// XLA FFI handlers: jax_flash_append_kv_cuda, jax_flash_copy_pages_cuda. The cache arguments
+// are aliased to the results (input_output_aliases): the kernels update the result buffers in
+// place. Never synchronize the stream and never allocate, so XLA may capture them in a CUDA
+// graph.
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "jax_flash/kv_cache.cuh"
+#include "paged_common.h"
+#include "registry.h"
+
+namespace jax_flash::paged_ffi {
+
+static ffi::Error cuda_error(const char* op, cudaError_t status) {
+  return ffi::Error(ffi::ErrorCode::kInternal,
+                    std::string("jax_flash.") + op + ": CUDA error: " + cudaGetErrorString(status));
+}
+
+// Result buffers that are not their argument buffers (never the case under XLA's aliasing)
+// start as copies of the arguments.
+static cudaError_t copy_unaliased(const AliasCopy* c, int n, cudaStream_t stream) {
+  for (int i = 0; i < n; ++i) {
+    const cudaError_t s =
+        cudaMemcpyAsync(c[i].to, c[i].from, c[i].bytes, cudaMemcpyDeviceToDevice, stream);
+    if (s != cudaSuccess) return s;
+  }
+  return cudaSuccess;
+}
+
+static ffi::Error AppendKVCuda(cudaStream_t stream, ffi::AnyBuffer k_pages, ffi::AnyBuffer v_pages,
+                               ffi::Buffer<ffi::F32> k_scale, ffi::Buffer<ffi::F32> v_scale,
+                               ffi::AnyBuffer k_new, ffi::AnyBuffer v_new,
+                               ffi::Buffer<ffi::S32> slot_mapping,
+                               ffi::Result<ffi::AnyBuffer> k_out, ffi::Result<ffi::AnyBuffer> v_out,
+                               ffi::Result<ffi::Buffer<ffi::F32>> ks_out,
+                               ffi::Result<ffi::Buffer<ffi::F32>> vs_out, int32_t scale_mode) {
+  AppendKVParams p;
+  ffi::Error err = make_append_params(k_pages, v_pages, k_scale, v_scale, k_new, v_new,
+                                      slot_mapping, *k_out, *v_out, *ks_out, *vs_out, scale_mode,
+                                      &p);
+  if (err.failure()) return err;
+  AliasCopy c[4];
+  cudaError_t status = copy_unaliased(
+      c, unaliased(k_pages, v_pages, k_scale, v_scale, *k_out, *v_out, *ks_out, *vs_out, c),
+      stream);
+  if (status == cudaSuccess) status = append_kv_cuda(p, stream);
+  if (status != cudaSuccess) return cuda_error("append_kv", status);
+  return ffi::Error::Success();
+}
+
+static ffi::Error CopyPagesCuda(cudaStream_t stream, ffi::AnyBuffer k_pages, ffi::AnyBuffer v_pages,
+                                ffi::Buffer<ffi::F32> k_scale, ffi::Buffer<ffi::F32> v_scale,
+                                ffi::Buffer<ffi::S32> src, ffi::Buffer<ffi::S32> dst,
+                                ffi::Result<ffi::AnyBuffer> k_out,
+                                ffi::Result<ffi::AnyBuffer> v_out,
+                                ffi::Result<ffi::Buffer<ffi::F32>> ks_out,
+                                ffi::Result<ffi::Buffer<ffi::F32>> vs_out, int32_t scale_mode) {
+  CopyPagesParams p;
+  ffi::Error err = make_copy_params(k_pages, v_pages, k_scale, v_scale, src, dst, *k_out, *v_out,
+                                    *ks_out, *vs_out, scale_mode, &p);
+  if (err.failure()) return err;
+  AliasCopy c[4];
+  cudaError_t status = copy_unaliased(
+      c, unaliased(k_pages, v_pages, k_scale, v_scale, *k_out, *v_out, *ks_out, *vs_out, c),
+      stream);
+  if (status == cudaSuccess) status = copy_pages_cuda(p, stream);
+  if (status != cudaSuccess) return cuda_error("copy_pages", status);
+  return ffi::Error::Success();
+}
+
+}  // namespace jax_flash::paged_ffi
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxFlashAppendKVCuda, jax_flash::paged_ffi::AppendKVCuda,
+    jax_flash::paged_ffi::append_kv_binding(
+        xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
+    {xla::ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxFlashCopyPagesCuda, jax_flash::paged_ffi::CopyPagesCuda,
+    jax_flash::paged_ffi::copy_pages_binding(
+        xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
+    {xla::ffi::Traits::kCmdBufferCompatible});
+
+JAX_FLASH_REGISTER_FFI("jax_flash_append_kv_cuda", JaxFlashAppendKVCuda);
+JAX_FLASH_REGISTER_FFI("jax_flash_copy_pages_cuda", JaxFlashCopyPagesCuda);
