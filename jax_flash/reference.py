@@ -15,6 +15,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 _HI = jax.lax.Precision.HIGHEST
 
@@ -334,3 +335,171 @@ def copy_pages(k_pages, v_pages, src, dst, *, k_scale=None, v_scale=None):
     k_scale = k_scale if k_scale is None or k_scale.ndim == 1 else cp(k_scale)
     v_scale = v_scale if v_scale is None or v_scale.ndim == 1 else cp(v_scale)
     return cp(k_pages), cp(v_pages), k_scale, v_scale
+
+
+# ---------------------------------------------------------------------------------------------
+# Rotary position embeddings
+
+
+def rope_inv_freq(rotary_dim: int, theta: float, scaling: dict | None = None) -> np.ndarray:
+    """Inverse frequencies ``[rotary_dim // 2]`` float32 of RoPE, computed on the host.
+
+    ``theta ** -(2i / rotary_dim)``, then the frequency scaling, step by step in float32 as
+    Hugging Face transformers' ``modeling_rope_utils`` computes them (so that a checkpoint's
+    rotations match): ``scaling`` None / ``{"type": "default"}``; ``{"type": "linear",
+    "factor"}`` (``inv_freq / factor``, i.e. positions / factor); ``{"type": "llama3", "factor",
+    "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}`` as
+    ``_compute_llama3_parameters``. ``"rope_type"`` may replace ``"type"``. Inputs are assumed
+    valid (:func:`jax_flash.apply_rope` checks them).
+    """
+    f32 = np.float32
+    exponents = np.arange(0, rotary_dim, 2, dtype=np.int64).astype(f32) / f32(rotary_dim)
+    inv_freq = f32(1.0) / np.power(f32(theta), exponents)
+    kind = "default" if scaling is None else scaling.get("type", scaling.get("rope_type"))
+    if kind == "linear":
+        return inv_freq / f32(scaling["factor"])
+    if kind == "llama3":
+        factor = f32(scaling["factor"])
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old_len = float(scaling["original_max_position_embeddings"])
+        low_wavelen, high_wavelen = f32(old_len / low), f32(old_len / high)
+        wavelen = f32(2 * math.pi) / inv_freq
+        scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (f32(old_len) / wavelen - f32(low)) / f32(high - low)
+        smoothed = (f32(1.0) - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        return np.where(medium, smoothed, scaled).astype(f32)
+    return inv_freq
+
+
+def apply_rope(x, positions, inv_freq, *, style: str = "neox", rotary_dim: int | None = None):
+    """Rotary embedding of ``x [..., S, H, D]`` at ``positions [..., S]`` (broadcast against the
+    leading dims of x) with ``inv_freq [rotary_dim // 2]``; see cuda/include/jax_flash/
+    rope_params.h. Angles ``float32(pos) * inv_freq`` and the rotation in float32, output in
+    x's dtype."""
+    D = x.shape[-1]
+    rotary_dim = D if rotary_dim is None else rotary_dim
+    half = rotary_dim // 2
+    angle = jnp.asarray(positions).astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
+    cos, sin = jnp.cos(angle)[..., None, :], jnp.sin(angle)[..., None, :]  # [..., S, 1, half]
+    xf = x.astype(jnp.float32)
+    rot, rest = xf[..., :rotary_dim], xf[..., rotary_dim:]
+    if style == "neox":
+        a, b = rot[..., :half], rot[..., half:]
+        out = jnp.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+    else:
+        a, b = rot[..., 0::2], rot[..., 1::2]
+        out = jnp.stack([a * cos - b * sin, b * cos + a * sin], axis=-1).reshape(rot.shape)
+    return jnp.concatenate([out, rest], axis=-1).astype(x.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling (semantics: cuda/include/jax_flash/sampling_params.h)
+
+_PHILOX_MUL = (0xD2511F53, 0xCD9E8D57)
+_PHILOX_WEYL = (0x9E3779B9, 0xBB67AE85)
+
+
+def _mul_hi_lo(a: int, b):
+    """High and low words of the 64-bit product of the constant a and uint32 b (16-bit limbs)."""
+    u32 = jnp.uint32
+    a_lo, a_hi = u32(a & 0xFFFF), u32(a >> 16)
+    b_lo, b_hi = b & u32(0xFFFF), b >> u32(16)
+    ll, lh, hl, hh = a_lo * b_lo, a_lo * b_hi, a_hi * b_lo, a_hi * b_hi
+    mid = (ll >> u32(16)) + (lh & u32(0xFFFF)) + (hl & u32(0xFFFF))
+    hi = hh + (lh >> u32(16)) + (hl >> u32(16)) + (mid >> u32(16))
+    return hi, u32(a) * b
+
+
+def philox4x32_10(counter, key):
+    """Philox4x32-10 words of ``counter [..., 4]`` uint32 under ``key [..., 2]`` uint32."""
+    u32 = jnp.uint32
+    c = [counter[..., i] for i in range(4)]
+    k0, k1 = key[..., 0], key[..., 1]
+    for r in range(10):
+        if r > 0:
+            k0, k1 = k0 + u32(_PHILOX_WEYL[0]), k1 + u32(_PHILOX_WEYL[1])
+        hi0, lo0 = _mul_hi_lo(_PHILOX_MUL[0], c[0])
+        hi1, lo1 = _mul_hi_lo(_PHILOX_MUL[1], c[2])
+        c = [hi1 ^ c[1] ^ k0, lo1, hi0 ^ c[3] ^ k1, lo0]
+    return jnp.stack(c, axis=-1)
+
+
+def sampling_seeds(key, batch: int):
+    """Per-row seeds ``[batch, 3]`` uint32 of one sampling call: the Philox key (two words drawn
+    from the JAX key with ``jax.random.bits``) and the row index as the row's stream."""
+    words = jax.random.bits(key, (2,), jnp.uint32)
+    rows = jnp.arange(batch, dtype=jnp.uint32)[:, None]
+    return jnp.concatenate([jnp.broadcast_to(words, (batch, 2)), rows], axis=1)
+
+
+def sampling_uniforms(seeds, vocab: int):
+    """The uniforms ``u [B, vocab]`` in (0, 1) of every token: word ``i % 4`` of Philox at
+    counter ``(i // 4, stream, 0, 0)``, as ``(2 * (w >> 9) + 1) / 2^24``."""
+    B = seeds.shape[0]
+    groups = -(-vocab // 4)
+    g = jnp.broadcast_to(jnp.arange(groups, dtype=jnp.uint32), (B, groups))
+    zero = jnp.zeros_like(g)
+    counter = jnp.stack([g, jnp.broadcast_to(seeds[:, 2:3], g.shape), zero, zero], axis=-1)
+    words = philox4x32_10(counter, seeds[:, None, :2]).reshape(B, 4 * groups)[:, :vocab]
+    odd = ((words >> jnp.uint32(9)) << jnp.uint32(1)) | jnp.uint32(1)
+    return odd.astype(jnp.float32) * jnp.float32(2.0**-24)
+
+
+def _normalize_logits(logits):
+    x = logits.astype(jnp.float32)
+    x = jnp.where(jnp.isnan(x), -jnp.inf, x)
+    x = jnp.where(x == jnp.inf, jnp.float32(float.fromhex("0x1.fep127")), x)  # the largest bfloat16
+    return jnp.where(x == 0, 0.0, x)
+
+
+def _sampling_plan(logits, temperature, top_k, top_p, min_p):
+    """(x, d, kept, greedy, top, valid) of every row, sorting the vocabulary."""
+    B, V = logits.shape
+    x = _normalize_logits(logits)
+    order = jnp.argsort(-x, axis=-1, stable=True)  # x descending, index ascending on ties
+    xs = jnp.take_along_axis(x, order, axis=-1)
+    x_max = xs[:, :1]
+    tau = temperature.astype(jnp.float32)[:, None]
+    greedy = ~(tau > 0)
+    d = (x - x_max) / jnp.where(greedy, 1.0, tau)
+    ds = (xs - x_max) / jnp.where(greedy, 1.0, tau)
+    rank = jnp.arange(V)[None, :]
+    k = jnp.where((top_k > 0) & (top_k < V), top_k, V)[:, None]
+    cum = jnp.cumsum(jnp.where(rank < k, jnp.exp(ds), 0.0), axis=-1)
+    n_p = jnp.sum(cum < top_p[:, None] * cum[:, -1:], axis=-1, keepdims=True) + 1
+    n_p = jnp.where(top_p[:, None] < 1, n_p, V)
+    log_min_p = jnp.where(min_p > 0, jnp.log(jnp.minimum(min_p, 1.0)), -jnp.inf)
+    n_m = jnp.sum(ds >= log_min_p[:, None], axis=-1, keepdims=True)
+    n = jnp.maximum(jnp.minimum(jnp.minimum(k, n_p), n_m), 1)
+    n = jnp.where(greedy, 1, n)
+    valid = x_max > -jnp.inf
+    kept_sorted = (rank < n) & valid
+    kept = jnp.zeros((B, V), bool).at[jnp.arange(B)[:, None], order].set(kept_sorted)
+    return x, d, kept, greedy, order[:, :1], valid
+
+
+def top_k_top_p_filter(logits, temperature, top_k, top_p, min_p):
+    """Masked logits ``[B, V]`` (logits' dtype): ``logits / temperature`` where kept, -inf
+    elsewhere (the logit itself for a greedy row). Parameters are per-row ``[B]`` arrays.
+
+    Sorts the vocabulary and sums probabilities in float32, where the kernels sum fixed-point
+    masses exactly: the kept sets agree except when a top-p boundary lies within float32
+    rounding of the target."""
+    _, _, kept, greedy, _, _ = _sampling_plan(logits, temperature, top_k, top_p, min_p)
+    raw = logits.astype(jnp.float32)
+    tau = temperature.astype(jnp.float32)[:, None]
+    y = jnp.where(greedy, raw, raw / jnp.where(greedy, 1.0, tau))
+    return jnp.where(kept, y, -jnp.inf).astype(logits.dtype)
+
+
+def sample(logits, seeds, temperature, top_k, top_p, min_p):
+    """Tokens ``[B]`` int32 drawn by the Gumbel-max trick with the kernels' uniforms, so that
+    the tokens equal the kernels' unless a kept set or a near-tie of scores differs by rounding;
+    -1 for rows with no finite logit. Parameters are per-row ``[B]`` arrays, ``seeds`` as
+    :func:`sampling_seeds`."""
+    x, d, kept, greedy, top, valid = _sampling_plan(logits, temperature, top_k, top_p, min_p)
+    u = sampling_uniforms(seeds, logits.shape[1])
+    score = jnp.where(kept, d - jnp.log(-jnp.log(u)), -jnp.inf)
+    token = jnp.where(greedy, top, jnp.argmax(score, axis=-1, keepdims=True))
+    return jnp.where(valid, token, -1)[:, 0].astype(jnp.int32)

@@ -1,0 +1,81 @@
+"""The `jax_flash_apply_rope` primitive: rotary position embeddings.
+
+    operands  x [T,H,D] float32 | float16 | bfloat16, positions [T] int32
+    results   out [T,H,D] (dtype of x)
+    attrs     style (0 NeoX, 1 GPT-J), rotary_dim, inv_freq [rotary_dim // 2] float32
+
+inv_freq is static (it comes from theta and the frequency scaling, Python values): it lives in
+the config and reaches the kernels as an FFI attribute, so vmap never has to batch it.
+Semantics: cuda/include/jax_flash/rope_params.h.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+
+from .. import reference
+from .._compat import NOT_MAPPED, ShapedArray, batching
+from ._common import make_primitive, register_lowerings
+
+STYLES = {"neox": 0, "gptj": 1}
+MAX_ROTARY_DIM = 512  # rope_params.h: kMaxRotaryDim
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeConfig:
+    style: str  # "neox" | "gptj"
+    rotary_dim: int
+    inv_freq: tuple[float, ...]  # float32 values
+    implementation: str | None
+
+
+rope_p = make_primitive("jax_flash_apply_rope")
+
+
+def _abstract_eval(x, positions, *, config):
+    del positions, config
+    return (ShapedArray(x.shape, x.dtype),)
+
+
+rope_p.def_abstract_eval(_abstract_eval)
+
+
+def _attrs(config: RopeConfig) -> dict:
+    return {
+        "style": np.int32(STYLES[config.style]),
+        "rotary_dim": np.int32(config.rotary_dim),
+        "inv_freq": np.asarray(config.inv_freq, np.float32),
+    }
+
+
+def _reference(x, positions, *, config):
+    inv_freq = np.asarray(config.inv_freq, np.float32)
+    return [
+        reference.apply_rope(
+            x, positions, inv_freq, style=config.style, rotary_dim=config.rotary_dim
+        )
+    ]
+
+
+register_lowerings(rope_p, "apply_rope", _attrs, _reference)
+
+
+def _batch(args, dims, *, config):
+    # Tokens of every instance are independent rows: fold the mapped axis into T.
+    x, positions = args
+    xd, pd = dims
+    size = x.shape[xd] if xd is not NOT_MAPPED else positions.shape[pd]
+    xm = jnp.broadcast_to(x, (size,) + x.shape) if xd is NOT_MAPPED else jnp.moveaxis(x, xd, 0)
+    pm = (
+        jnp.broadcast_to(positions, (size,) + positions.shape)
+        if pd is NOT_MAPPED
+        else jnp.moveaxis(positions, pd, 0)
+    )
+    (out,) = rope_p.bind(xm.reshape(-1, *xm.shape[2:]), pm.reshape(-1), config=config)
+    return [out.reshape(xm.shape)], [0]
+
+
+batching.primitive_batchers[rope_p] = _batch
