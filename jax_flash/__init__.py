@@ -15,11 +15,14 @@ from .ops.kv_cache import (
     slot_mapping,
 )
 from .ops.paged_attention import paged_attention
+from .ops.rope import apply_rope
+from .ops.sampling import sample, top_k_top_p_filter
 
 __version__ = "0.1.0"
 
 __all__ = [
     "append_kv",
+    "apply_rope",
     "check_paged_inputs",
     "copy_pages",
     "flash_attention",
@@ -28,5 +31,7 @@ __all__ = [
     "paged_attention",
     "reference",
     "reorder_beams",
+    "sample",
     "slot_mapping",
+    "top_k_top_p_filter",
 ]

@@ -239,7 +239,7 @@ def gather_pages(pages, block_tables, scale=None):
     ids = jnp.clip(block_tables, 0, num_pages - 1)
     x = pages[ids].astype(jnp.float32)  # [B, max_pages, page_size, H, D]
     if scale is not None:
-        s = scale if scale.ndim == 1 else scale[ids][..., None]
+        s = scale[:, None] if scale.ndim == 1 else scale[ids][..., None]
         x = x * s
     B, mp = block_tables.shape
     return x.reshape(B, mp * page_size, *pages.shape[2:])

@@ -194,6 +194,7 @@ def test_vmap(platform, rng):
     kls = jnp.stack([kl, kl[::-1], kl.at[0].set(0)])
     run((1, None, None, 0, 0), qs[:, :3].transpose(1, 0, 2, 3)[:, :3], kp, vp, bts, kls)
     kps, vps = jnp.stack([kp, kp * 2, -kp]), jnp.stack([vp, vp + 1, vp])
+    kls = jnp.stack([kl, kl // 2, kl.at[0].set(0)])
     run((0, 0, 0, None, 0), qs[:3], kps, vps, bt, kls)  # separate caches
 
 
