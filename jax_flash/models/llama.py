@@ -1,0 +1,496 @@
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2) on jax_flash attention, and a loader of
+Hugging Face checkpoints.
+
+The computation follows transformers' ``modeling_llama`` step by step so that a checkpoint gives
+the same logits here: RMSNorm in float32, cast back to the input dtype, then times the weight;
+rotate-half ("neox") RoPE with the frequencies transformers computes (Llama 3 scaling
+included); ``softmax_scale = head_dim ** -0.5``; SwiGLU MLP ``down(silu(gate(x)) * up(x))``;
+logits ``lm_head(norm(h))`` (tied: ``h @ embed_tokens.T``), returned in float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from ..nn import Attention, KVCache, decode_batch, prefill_batch
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaConfig:
+    """Hyperparameters, named as in a Hugging Face ``config.json``.
+
+    ``rope_scaling`` is stored as a tuple of ``(key, value)`` items (hashable; a dict is
+    accepted); ``sliding_window_layers`` says which layers use ``sliding_window`` (None: all).
+    ``dtype`` is the compute and parameter dtype ("bfloat16", "float16" or "float32").
+    """
+
+    vocab_size: int = 32000
+    hidden_size: int = 4096
+    intermediate_size: int = 11008
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: tuple | None = None
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_proj_bias: bool = False
+    mlp_bias: bool = False
+    sliding_window: int | None = None
+    sliding_window_layers: tuple[bool, ...] | None = None
+    max_position_embeddings: int = 4096
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        set_ = object.__setattr__
+        if self.num_key_value_heads is None:
+            set_(self, "num_key_value_heads", self.num_attention_heads)
+        if self.head_dim is None:
+            set_(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        if isinstance(self.rope_scaling, Mapping):
+            set_(self, "rope_scaling", tuple(sorted(self.rope_scaling.items())))
+        if isinstance(self.eos_token_id, list):
+            set_(self, "eos_token_id", tuple(self.eos_token_id))
+        if self.sliding_window_layers is not None:
+            set_(self, "sliding_window_layers", tuple(bool(s) for s in self.sliding_window_layers))
+            if len(self.sliding_window_layers) != self.num_hidden_layers:
+                raise ValueError(
+                    f"LlamaConfig: sliding_window_layers has {len(self.sliding_window_layers)} "
+                    f"entries for {self.num_hidden_layers} layers"
+                )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"LlamaConfig: num_attention_heads {self.num_attention_heads} must be a multiple "
+                f"of num_key_value_heads {self.num_key_value_heads}"
+            )
+
+    def layer_window(self, i: int) -> int | None:
+        if self.sliding_window is None:
+            return None
+        if self.sliding_window_layers is None or self.sliding_window_layers[i]:
+            return self.sliding_window
+        return None
+
+    @classmethod
+    def from_hf(cls, config: Mapping) -> LlamaConfig:
+        """The config of a Hugging Face ``config.json`` dict (model_type llama, mistral, qwen2).
+
+        Llama: ``attention_bias`` gives q/k/v/o biases, ``mlp_bias`` the MLP's. Mistral: the
+        ``sliding_window`` on every layer. Qwen2: q/k/v biases; with ``use_sliding_window`` the
+        window on layers ``>= max_window_layers``. ``layer_types`` (newer configs) overrides
+        which layers slide. RoPE from ``rope_theta``/``rope_scaling`` or ``rope_parameters``.
+        """
+        c = dict(config)
+        kind = c.get("model_type", "llama")
+        if kind not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"LlamaConfig.from_hf: model_type {kind!r} is not supported "
+                f"({', '.join(SUPPORTED_MODEL_TYPES)})"
+            )
+        act = c.get("hidden_act", "silu")
+        if act not in ("silu", "swish"):
+            raise ValueError(f"LlamaConfig.from_hf: hidden_act {act!r} is not supported (silu)")
+        rope = c.get("rope_parameters") or {}
+        theta = rope.get("rope_theta", c.get("rope_theta", 10000.0))
+        scaling = c.get("rope_scaling") or (rope if rope else None)
+        if scaling is not None:
+            kind_ = scaling.get("rope_type", scaling.get("type", "default"))
+            if kind_ not in _ROPE_TYPES:
+                raise ValueError(
+                    f"LlamaConfig.from_hf: rope type {kind_!r} is not supported {_ROPE_TYPES}"
+                )
+            scaling = None if kind_ == "default" else {
+                k: v for k, v in scaling.items() if k != "rope_theta"
+            }  # fmt: skip
+        if c.get("partial_rotary_factor", 1.0) != 1.0:
+            raise ValueError("LlamaConfig.from_hf: partial_rotary_factor != 1 is not supported")
+        layers = c["num_hidden_layers"]
+        window, sliding_layers = None, None
+        if kind == "mistral":
+            window = c.get("sliding_window")
+        elif kind == "qwen2" and c.get("use_sliding_window", False):
+            window = c.get("sliding_window")
+            start = c.get("max_window_layers", layers)
+            sliding_layers = tuple(i >= start for i in range(layers))
+        if window is not None and c.get("layer_types"):
+            sliding_layers = tuple(t == "sliding_attention" for t in c["layer_types"])
+        bias = bool(c.get("attention_bias", False))
+        eos = c.get("eos_token_id")
+        return cls(
+            vocab_size=c["vocab_size"],
+            hidden_size=c["hidden_size"],
+            intermediate_size=c["intermediate_size"],
+            num_hidden_layers=layers,
+            num_attention_heads=c["num_attention_heads"],
+            num_key_value_heads=c.get("num_key_value_heads"),
+            head_dim=c.get("head_dim"),
+            rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(theta),
+            rope_scaling=scaling,
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
+            qkv_bias=True if kind == "qwen2" else bias,
+            o_proj_bias=bias if kind == "llama" else False,
+            mlp_bias=bool(c.get("mlp_bias", False)) if kind == "llama" else False,
+            sliding_window=window,
+            sliding_window_layers=sliding_layers,
+            max_position_embeddings=c.get("max_position_embeddings", 4096),
+            bos_token_id=c.get("bos_token_id"),
+            eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
+            dtype=str(c.get("torch_dtype") or c.get("dtype") or "float32"),
+        )
+
+
+class RMSNorm(nnx.Module):
+    """``weight * (x / sqrt(mean(x^2) + eps))``, normalised in float32 and cast back to x's dtype
+    before the weight (as transformers' ``LlamaRMSNorm``)."""
+
+    def __init__(self, dim: int, eps: float, *, param_dtype=jnp.float32):
+        self.weight = nnx.Param(jnp.ones((dim,), param_dtype))
+        self.eps = float(eps)
+
+    def __call__(self, x):
+        xf = x.astype(jnp.float32)
+        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        return self.weight[...] * xf.astype(x.dtype)
+
+
+class MLP(nnx.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, hidden: int, inner: int, *, bias: bool, dtype, param_dtype, rngs):
+        lin = dict(use_bias=bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.gate_proj = nnx.Linear(hidden, inner, **lin)
+        self.up_proj = nnx.Linear(hidden, inner, **lin)
+        self.down_proj = nnx.Linear(inner, hidden, **lin)
+
+    def __call__(self, x):
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(
+        self, config: LlamaConfig, index: int, *, attention_impl, dtype, param_dtype, rngs
+    ):
+        c = config
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, param_dtype=param_dtype)
+        self.self_attn = Attention(
+            c.hidden_size,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+            qkv_bias=c.qkv_bias,
+            o_bias=c.o_proj_bias,
+            rope_theta=c.rope_theta,
+            rope_scaling=None if c.rope_scaling is None else dict(c.rope_scaling),
+            sliding_window=c.layer_window(index),
+            attention_impl=attention_impl,
+            dtype=dtype,
+            param_dtype=param_dtype,
+            rngs=rngs,
+        )
+        self.post_attention_layernorm = RMSNorm(
+            c.hidden_size, c.rms_norm_eps, param_dtype=param_dtype
+        )
+        self.mlp = MLP(
+            c.hidden_size, c.intermediate_size, bias=c.mlp_bias, dtype=dtype,
+            param_dtype=param_dtype, rngs=rngs,
+        )  # fmt: skip
+
+    def __call__(self, x, positions, kv, batch):
+        h, kv = self.self_attn(self.input_layernorm(x), positions, kv, batch)
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x)), kv
+
+
+class LlamaForCausalLM(nnx.Module):
+    """Llama-family decoder with a paged KV cache.
+
+    Parameters
+    ----------
+    config : LlamaConfig
+    attention_impl : None, "cpu", "cuda" or "xla"
+        None runs jax_flash's kernels; "xla" runs the pure-XLA reference path of the same ops
+        (RoPE, cache append, prefill and decode attention), for checking.
+    dtype, param_dtype : default ``config.dtype``.
+    rngs : nnx.Rngs for the random initialisation.
+
+    Attribute names follow the Hugging Face checkpoint (``embed_tokens``, ``layers[i].self_attn
+    .q_proj``, ..., ``norm``, ``lm_head``); see :func:`load_hf_checkpoint`.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> from jax_flash.models import LlamaConfig, LlamaForCausalLM, generate
+    >>> cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+    ...                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    >>> model = LlamaForCausalLM(cfg, rngs=nnx.Rngs(0))
+    >>> out = generate(model, [[1, 2, 3], [4, 5]], max_new_tokens=4)
+    >>> [len(t) for t in out.tokens]
+    [4, 4]
+    """
+
+    def __init__(
+        self,
+        config: LlamaConfig,
+        *,
+        attention_impl: str | None = None,
+        dtype=None,
+        param_dtype=None,
+        rngs: nnx.Rngs,
+    ):
+        c = config
+        dtype = jnp.dtype(c.dtype if dtype is None else dtype)
+        param_dtype = dtype if param_dtype is None else jnp.dtype(param_dtype)
+        self.config = c
+        self.attention_impl = attention_impl
+        self.dtype = dtype
+        self.embed_tokens = nnx.Embed(
+            c.vocab_size, c.hidden_size, dtype=dtype, param_dtype=param_dtype, rngs=rngs
+        )
+        self.layers = nnx.List(
+            DecoderLayer(
+                c, i, attention_impl=attention_impl, dtype=dtype, param_dtype=param_dtype, rngs=rngs
+            )
+            for i in range(c.num_hidden_layers)
+        )
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, param_dtype=param_dtype)
+        self.lm_head = (
+            None
+            if c.tie_word_embeddings
+            else nnx.Linear(
+                c.hidden_size,
+                c.vocab_size,
+                use_bias=False,
+                dtype=dtype,
+                param_dtype=param_dtype,
+                rngs=rngs,
+            )  # fmt: skip
+        )
+
+    @classmethod
+    def random(
+        cls,
+        config: LlamaConfig,
+        *,
+        seed: int = 0,
+        attention_impl=None,
+        dtype=None,
+        param_dtype=None,
+    ) -> LlamaForCausalLM:
+        """A model with random weights drawn on the host with numpy: quick to build (no
+        compilation of initialisers). Linear kernels ~ N(0, 1/fan_in), embeddings ~ N(0, 1),
+        norm weights 1, biases 0."""  # fmt: skip
+        model = nnx.eval_shape(
+            lambda: cls(
+                config,
+                attention_impl=attention_impl,
+                dtype=dtype,
+                param_dtype=param_dtype,
+                rngs=nnx.Rngs(0),
+            )  # fmt: skip
+        )
+        rng = np.random.default_rng(seed)
+        for path, var in nnx.iter_graph(model):
+            if not isinstance(var, nnx.Param):
+                continue
+            if path[-1] == "kernel":
+                value = rng.standard_normal(var.shape, np.float32) / np.sqrt(var.shape[0])
+            elif path[-1] == "embedding":
+                value = rng.standard_normal(var.shape, np.float32)
+            else:
+                value = np.full(var.shape, 1.0 if path[-1] == "weight" else 0.0, np.float32)
+            var.set_value(jnp.asarray(value, var.dtype))
+        return model
+
+    def with_attention_impl(self, attention_impl: str | None) -> LlamaForCausalLM:
+        """The same model (parameters shared, not copied) with attention through
+        ``attention_impl`` (e.g. "xla", the reference path)."""
+        graphdef, state = nnx.split(self)
+        other = nnx.merge(graphdef, state)
+        other.attention_impl = attention_impl
+        for _, node in nnx.iter_graph(other):
+            if isinstance(node, Attention):
+                node.set_attention_impl(attention_impl)
+        return other
+
+    def forward(self, tokens, positions, kv, batch):
+        """Hidden states after the final norm, and the layers' updated caches.
+
+        tokens/positions: ``[T]`` (packed, `jax_flash.nn.Prefill`), ``[B]`` or ``[B, S]``;
+        kv: per-layer ``(k, v)`` caches; batch: `Prefill`, `Decode` or `Dense`.
+        """
+        x = self.embed_tokens(tokens)
+        new_kv = []
+        for layer, layer_kv in zip(self.layers, kv, strict=True):
+            x, layer_kv = layer(x, positions, layer_kv, batch)
+            new_kv.append(layer_kv)
+        return self.norm(x), tuple(new_kv)
+
+    def logits(self, h):
+        """float32 logits ``[..., vocab]`` of final hidden states."""
+        out = self.embed_tokens.attend(h) if self.lm_head is None else self.lm_head(h)
+        return out.astype(jnp.float32)
+
+    def init_cache(self, num_pages: int, page_size: int, block_tables) -> KVCache:
+        """An empty paged cache for this model (block tables ``[B, max_pages]``)."""
+        c = self.config
+        return KVCache.create(
+            c.num_hidden_layers, num_pages, page_size, c.num_key_value_heads, c.head_dim,
+            block_tables, self.dtype,
+        )  # fmt: skip
+
+    def _with_layers(self, cache: KVCache, kv, kv_lens) -> KVCache:
+        k, v = zip(*kv, strict=True)
+        return cache.replace(k_pages=tuple(k), v_pages=tuple(v), kv_lens=kv_lens)
+
+    def prefill(self, cache: KVCache, tokens, cu_seqlens, *, rows=None, all_logits=False):
+        """Run packed prompts, each from position 0, writing them into the cache.
+
+        Parameters
+        ----------
+        cache : KVCache whose rows ``rows`` are empty.
+        tokens : int32 ``[T]``, prompt ``b`` at ``cu_seqlens[b]:cu_seqlens[b+1]``; rows past
+            ``cu_seqlens[B]`` are padding (not written).
+        cu_seqlens : int32 ``[B + 1]``.
+        rows : int ``[B]``, the cache row of each prompt (default ``0..B-1``).
+        all_logits : return the logits of every packed row ``[T, V]`` instead of each prompt's
+            last ``[B, V]``.
+
+        Returns
+        -------
+        ``(logits float32, cache)`` with ``cache.kv_lens[rows]`` = the prompt lengths.
+        """
+        cu = jnp.asarray(cu_seqlens, jnp.int32)
+        B, T = cu.shape[0] - 1, tokens.shape[0]
+        rows = jnp.arange(B, dtype=jnp.int32) if rows is None else jnp.asarray(rows, jnp.int32)
+        positions, batch = prefill_batch(cache, cu, T, rows)
+        h, kv = self.forward(tokens, positions, cache.layers(), batch)
+        if not all_logits:
+            h = h[jnp.clip(cu[1:] - 1, 0, T - 1)]
+        kv_lens = cache.kv_lens.at[rows].set(cu[1:] - cu[:-1])
+        return self.logits(h), self._with_layers(cache, kv, kv_lens)
+
+    def decode(self, cache: KVCache, tokens, *, active=None, all_logits=False):
+        """Append ``tokens`` (``[B]``, or ``[B, S]``) to every row of the cache and attend.
+
+        Rows with ``active[b]`` False are neither written nor lengthened (their logits are
+        meaningless). Returns ``(logits float32 [B, V] (the last token; [B, S, V] with
+        all_logits), cache)``.
+        """
+        toks = tokens[:, None] if tokens.ndim == 1 else tokens
+        positions, batch, kv_lens = decode_batch(cache, toks.shape[1], active)
+        h, kv = self.forward(toks, positions, cache.layers(), batch)
+        return self.logits(h if all_logits else h[:, -1]), self._with_layers(cache, kv, kv_lens)
+
+
+def hf_parameters(model: LlamaForCausalLM) -> dict[str, tuple[nnx.Variable, bool]]:
+    """Hugging Face weight name -> (the model's variable, whether the HF tensor is its
+    transpose: HF ``Linear.weight`` is ``[out, in]``, an ``nnx.Linear`` kernel ``[in, out]``)."""
+    out = {
+        "model.embed_tokens.weight": (model.embed_tokens.embedding, False),
+        "model.norm.weight": (model.norm.weight, False),
+    }
+    if model.lm_head is not None:
+        out["lm_head.weight"] = (model.lm_head.kernel, True)
+    for i, layer in enumerate(model.layers):
+        p = f"model.layers.{i}."
+        linears = [(f"self_attn.{n}_proj", getattr(layer.self_attn, f"{n}_proj")) for n in "qkvo"]
+        linears += [
+            (f"mlp.{n}_proj", getattr(layer.mlp, f"{n}_proj")) for n in ("gate", "up", "down")
+        ]
+        for name, lin in linears:
+            out[p + name + ".weight"] = (lin.kernel, True)
+            if lin.bias is not None:
+                out[p + name + ".bias"] = (lin.bias, False)
+        out[p + "input_layernorm.weight"] = (layer.input_layernorm.weight, False)
+        out[p + "post_attention_layernorm.weight"] = (layer.post_attention_layernorm.weight, False)
+    return out
+
+
+def _safetensors_files(path: str) -> list[str]:
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+        return sorted({os.path.join(path, v) for v in weight_map.values()})
+    files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".safetensors"))
+    if not files:
+        raise FileNotFoundError(f"load_hf_checkpoint: no *.safetensors in {path}")
+    return files
+
+
+def load_hf_checkpoint(path: str, *, dtype=None, attention_impl: str | None = None):
+    """Load a Hugging Face checkpoint directory (``config.json`` + ``*.safetensors``, sharded
+    through ``model.safetensors.index.json`` or not).
+
+    Parameters
+    ----------
+    path : the directory.
+    dtype : compute/parameter dtype (default the checkpoint's ``torch_dtype``).
+    attention_impl : as :class:`LlamaForCausalLM`.
+
+    Returns
+    -------
+    ``(model, config)``. Every parameter must be present with its expected shape; tensors the
+    model does not use raise (an unsupported architecture), except RoPE buffers and a tied
+    ``lm_head.weight``.
+    """
+    from safetensors import safe_open
+
+    with open(os.path.join(path, "config.json")) as f:
+        config = LlamaConfig.from_hf(json.load(f))
+    model = nnx.eval_shape(
+        lambda: LlamaForCausalLM(
+            config, attention_impl=attention_impl, dtype=dtype, rngs=nnx.Rngs(0)
+        )
+    )
+    params = hf_parameters(model)
+    unexpected = []
+    for file in _safetensors_files(path):
+        with safe_open(file, framework="np") as f:
+            for name in f.keys():
+                if name not in params:
+                    if not (name.endswith("rotary_emb.inv_freq") or name == "lm_head.weight"):
+                        unexpected.append(name)
+                    continue
+                var, transpose = params.pop(name)
+                array = f.get_tensor(name)
+                array = array.T if transpose else array
+                if tuple(array.shape) != tuple(var.shape):
+                    raise ValueError(
+                        f"load_hf_checkpoint: {name} has shape {tuple(np.shape(array))} in "
+                        f"{file}, expected {tuple(var.shape)[::-1] if transpose else var.shape}"
+                    )
+                var.set_value(jnp.asarray(array, var.dtype))
+    if params or unexpected:
+        raise ValueError(
+            f"load_hf_checkpoint: {path}: missing tensors {sorted(params)[:8]}"
+            f"{' ...' if len(params) > 8 else ''}; unexpected tensors {unexpected[:8]}"
+        )
+    return model, config
+
+
+def load_tokenizer(path: str):
+    """The ``tokenizers.Tokenizer`` of ``path/tokenizer.json``, or None when there is none."""
+    file = os.path.join(path, "tokenizer.json")
+    if not os.path.exists(file):
+        return None
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(file)

@@ -1,0 +1,364 @@
+"""Flax NNX attention on jax_flash kernels, and the KV-cache state it reads and writes.
+
+`Attention` projects q/k/v (GQA, optional bias), rotates q and k (RoPE), appends k/v to a paged
+cache in place and attends: packed prompts (`Prefill`) through
+:func:`jax_flash.flash_attention_varlen`, decode steps (`Decode`) through
+:func:`jax_flash.paged_attention`. `Dense` runs the same layer over a dense ``[B, S_max, Hkv, D]``
+cache with :func:`jax.nn.dot_product_attention`, the baseline the end-to-end benchmark compares
+against.
+
+The cache state (`KVCache`: pages of every layer, block tables, lengths) is a pytree of device
+arrays, so a jitted decode step or loop takes it as a donated argument and updates it in place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from .ops.flash_attention import flash_attention_varlen
+from .ops.kv_cache import append_kv, slot_mapping
+from .ops.paged_attention import paged_attention
+from .ops.rope import apply_rope
+
+IMPLEMENTATIONS = (None, "cpu", "cuda", "xla")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class KVCache:
+    """Paged KV cache of a whole decoder, a pytree that ``jit`` can donate.
+
+    Attributes
+    ----------
+    k_pages, v_pages : tuple (one per layer) of ``[num_pages, page_size, Hkv, D]`` arrays.
+    block_tables : int32 ``[B, max_pages]``: token ``t`` of row ``b`` lives in page
+        ``block_tables[b, t // page_size]`` at offset ``t % page_size``.
+    kv_lens : int32 ``[B]``: tokens cached per row.
+    """
+
+    k_pages: tuple[jax.Array, ...]
+    v_pages: tuple[jax.Array, ...]
+    block_tables: jax.Array
+    kv_lens: jax.Array
+
+    @property
+    def page_size(self) -> int:
+        return self.k_pages[0].shape[1]
+
+    @property
+    def num_pages(self) -> int:
+        return self.k_pages[0].shape[0]
+
+    @classmethod
+    def create(
+        cls, num_layers, num_pages, page_size, num_kv_heads, head_dim, block_tables, dtype
+    ) -> KVCache:
+        """A zeroed cache with the given block tables ``[B, max_pages]`` and empty rows."""
+        shape = (num_pages, page_size, num_kv_heads, head_dim)
+        block_tables = jnp.asarray(block_tables, jnp.int32)
+        return cls(
+            k_pages=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
+            v_pages=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
+            block_tables=block_tables,
+            kv_lens=jnp.zeros((block_tables.shape[0],), jnp.int32),
+        )
+
+    def layers(self):
+        """The per-layer ``(k_pages, v_pages)`` pairs."""
+        return tuple(zip(self.k_pages, self.v_pages, strict=True))
+
+    def replace(self, **changes) -> KVCache:
+        return dataclasses.replace(self, **changes)
+
+
+class PageAllocator:
+    """Host-side free list of cache pages. Page 0 is reserved as the null page, the id that
+    unused block-table entries hold; it is never handed out.
+
+    >>> pool = PageAllocator(8)
+    >>> pool.allocate(3), pool.num_free
+    ([1, 2, 3], 4)
+    """
+
+    def __init__(self, num_pages: int):
+        if num_pages < 2:
+            raise ValueError(
+                f"PageAllocator: need at least 2 pages (page 0 is null), got {num_pages}"
+            )
+        self.num_pages = num_pages
+        self._free = list(range(num_pages - 1, 0, -1))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def allocate(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise RuntimeError(f"PageAllocator: {n} pages requested, {len(self._free)} free")
+        return [self._free.pop() for _ in range(n)]
+
+    def free(self, pages: Sequence[int]) -> None:
+        self._free.extend(reversed(list(pages)))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Prefill:
+    """Packed prompts written into an empty paged cache and attended with
+    :func:`jax_flash.flash_attention_varlen`.
+
+    Attributes
+    ----------
+    cu_seqlens : int32 ``[B + 1]``: prompt ``b`` owns packed rows ``cu[b]:cu[b+1]``.
+    slots : int32 ``[T]``: cache slot of every packed row (-1: padding, not written).
+    """
+
+    cu_seqlens: jax.Array
+    slots: jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Decode:
+    """New tokens appended to a paged cache and attended with :func:`jax_flash.paged_attention`.
+
+    Attributes
+    ----------
+    block_tables : int32 ``[B, max_pages]``.
+    kv_lens : int32 ``[B]``: cached tokens per row *after* this step's append.
+    slots : int32 ``[B]`` (one token per row) or ``[B, S]``; -1 = not written.
+    """
+
+    block_tables: jax.Array
+    kv_lens: jax.Array
+    slots: jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Dense:
+    """A step over a dense cache ``[B, S_max, Hkv, D]`` with :func:`jax.nn.dot_product_attention`.
+
+    With ``S > 1`` new tokens per row the step is a prefill into an empty cache (causal among
+    the new tokens); with ``S == 1`` it appends at ``lens`` and attends to the whole row.
+
+    Attributes
+    ----------
+    lens : int32 ``[B]``: cached tokens per row before this step.
+    new_lens : int32 ``[B]``: valid new tokens per row (the rest of the S are padding).
+    implementation : static; ``jax.nn.dot_product_attention``'s ("xla", "cudnn" or None).
+    """
+
+    lens: jax.Array
+    new_lens: jax.Array
+    implementation: str | None = dataclasses.field(default=None, metadata={"static": True})
+
+
+def _check_impl(attention_impl):
+    if attention_impl not in IMPLEMENTATIONS:
+        raise ValueError(
+            f"attention_impl must be one of {IMPLEMENTATIONS} (None = jax_flash kernels, "
+            f"'xla' = the pure-XLA reference path of the same ops), got {attention_impl!r}"
+        )
+
+
+class Attention(nnx.Module):
+    """Multi-head attention with GQA and RoPE over a paged (or dense) KV cache.
+
+    Parameters
+    ----------
+    hidden_size, num_heads, num_kv_heads : ints, ``num_heads % num_kv_heads == 0``.
+    head_dim : int, default ``hidden_size // num_heads``.
+    qkv_bias, o_bias : biases of the q/k/v and of the output projections (Qwen2: True, False).
+    rope_theta, rope_scaling, rotary_dim : RoPE as :func:`jax_flash.apply_rope` ("neox" style,
+        the Hugging Face ``rotate_half``); ``rope_scaling`` is a ``config.json`` ``rope_scaling``
+        dict (linear or llama3) or None.
+    sliding_window : int or None
+        Mistral-style: a token sees the last ``sliding_window`` tokens, itself included.
+    softmax_scale : float, default ``head_dim ** -0.5``.
+    attention_impl : None, "cpu", "cuda" or "xla"
+        Passed as ``implementation`` to every jax_flash op the layer calls (RoPE, cache append,
+        prefill and decode attention): None runs jax_flash's kernels, "xla" the pure-XLA
+        reference path of the same ops.
+    dtype, param_dtype : compute and parameter dtypes.
+
+    Projection kernels are ``[in, out]`` (Hugging Face ``Linear.weight`` transposed).
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int | None = None,
+        *,
+        qkv_bias: bool = False,
+        o_bias: bool = False,
+        rope_theta: float = 10000.0,
+        rope_scaling: dict | None = None,
+        rotary_dim: int | None = None,
+        sliding_window: int | None = None,
+        softmax_scale: float | None = None,
+        attention_impl: str | None = None,
+        dtype=jnp.float32,
+        param_dtype=jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        if num_heads % num_kv_heads:
+            raise ValueError(
+                f"Attention: num_heads {num_heads} must be a multiple of num_kv_heads "
+                f"{num_kv_heads}"
+            )
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(
+                f"Attention: sliding_window must be >= 1 or None, got {sliding_window}"
+            )
+        _check_impl(attention_impl)
+        head_dim = hidden_size // num_heads if head_dim is None else head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.rope_theta = float(rope_theta)
+        # A tuple of items: module attributes that are not arrays must be hashable (jit statics).
+        self.rope_scaling = None if rope_scaling is None else tuple(sorted(rope_scaling.items()))
+        self.rotary_dim = rotary_dim
+        self.sliding_window = sliding_window
+        self.softmax_scale = head_dim**-0.5 if softmax_scale is None else float(softmax_scale)
+        self.attention_impl = attention_impl
+        linear = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.q_proj = nnx.Linear(hidden_size, num_heads * head_dim, use_bias=qkv_bias, **linear)
+        self.k_proj = nnx.Linear(hidden_size, num_kv_heads * head_dim, use_bias=qkv_bias, **linear)
+        self.v_proj = nnx.Linear(hidden_size, num_kv_heads * head_dim, use_bias=qkv_bias, **linear)
+        self.o_proj = nnx.Linear(num_heads * head_dim, hidden_size, use_bias=o_bias, **linear)
+
+    def set_attention_impl(self, attention_impl: str | None) -> None:
+        _check_impl(attention_impl)
+        self.attention_impl = attention_impl
+
+    def _window(self):
+        return None if self.sliding_window is None else (self.sliding_window - 1, None)
+
+    def _rope(self, x, positions):
+        scaling = None if self.rope_scaling is None else dict(self.rope_scaling)
+        return apply_rope(
+            x, positions, style="neox", rotary_dim=self.rotary_dim, theta=self.rope_theta,
+            scaling=scaling, implementation=self.attention_impl,
+        )  # fmt: skip
+
+    def __call__(self, x, positions, kv, batch):
+        """Attention of new tokens, with their k/v appended to the cache.
+
+        Parameters
+        ----------
+        x : ``[T, hidden]`` packed rows (`Prefill`), ``[B, hidden]`` or ``[B, S, hidden]``
+            (`Decode`, `Dense`).
+        positions : int32 like ``x`` without the last axis: each token's position (RoPE).
+        kv : ``(k_pages, v_pages)`` of this layer (``[B, S_max, Hkv, D]`` caches for `Dense`).
+        batch : `Prefill`, `Decode` or `Dense`.
+
+        Returns
+        -------
+        ``(y like x, (k_pages, v_pages))``.
+        """
+        lead = x.shape[:-1]
+        q = self.q_proj(x).reshape(*lead, self.num_heads, self.head_dim)
+        k = self.k_proj(x).reshape(*lead, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).reshape(*lead, self.num_kv_heads, self.head_dim)
+        q, k = self._rope(q, positions), self._rope(k, positions)
+        impl = self.attention_impl
+        if isinstance(batch, Dense):
+            o, kv = self._dense(q, k, v, kv, batch)
+        else:
+            heads = (-1, self.num_kv_heads, self.head_dim)
+            k_pages, v_pages = append_kv(
+                *kv, k.reshape(heads), v.reshape(heads), batch.slots.reshape(-1),
+                implementation=impl,
+            )  # fmt: skip
+            kv = (k_pages, v_pages)
+            if isinstance(batch, Prefill):
+                o = flash_attention_varlen(
+                    q, k, v, batch.cu_seqlens, batch.cu_seqlens, causal=True,
+                    softmax_scale=self.softmax_scale, sliding_window=self._window(),
+                    implementation=impl,
+                )  # fmt: skip
+            elif isinstance(batch, Decode):
+                o = paged_attention(
+                    q, k_pages, v_pages, batch.block_tables, batch.kv_lens, causal=True,
+                    softmax_scale=self.softmax_scale, sliding_window=self._window(),
+                    implementation=impl,
+                )  # fmt: skip
+            else:
+                raise TypeError(f"Attention: batch must be Prefill, Decode or Dense, got {batch!r}")
+        return self.o_proj(o.reshape(*lead, self.num_heads * self.head_dim)), kv
+
+    def _dense(self, q, k, v, kv, batch: Dense):
+        k_cache, v_cache = kv
+        if q.ndim == 3:  # one token per row
+            q, k, v = q[:, None], k[:, None], v[:, None]
+        attend = dict(scale=self.softmax_scale, implementation=batch.implementation)
+        if q.shape[1] > 1:  # prefill into an empty cache
+            k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, 0, 0, 0))
+            v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, 0, 0, 0))
+            window = None if self.sliding_window is None else (self.sliding_window - 1, 0)
+            o = jax.nn.dot_product_attention(
+                q, k, v, is_causal=True, query_seq_lengths=batch.new_lens,
+                key_value_seq_lengths=batch.new_lens, local_window_size=window, **attend,
+            )  # fmt: skip
+        else:
+            if self.sliding_window is not None:
+                raise NotImplementedError("Attention: Dense decode steps take no sliding window")
+            rows = jnp.arange(q.shape[0])
+            # Inactive rows write past the end of the cache: dropped.
+            pos = jnp.where(batch.new_lens > 0, batch.lens, k_cache.shape[1])
+            k_cache = k_cache.at[rows, pos].set(k[:, 0].astype(k_cache.dtype), mode="drop")
+            v_cache = v_cache.at[rows, pos].set(v[:, 0].astype(v_cache.dtype), mode="drop")
+            o = jax.nn.dot_product_attention(
+                q, k_cache, v_cache, key_value_seq_lengths=batch.lens + batch.new_lens, **attend
+            )
+        return o, (k_cache, v_cache)
+
+
+def prefill_batch(cache: KVCache, cu_seqlens, num_tokens: int, rows=None):
+    """Positions ``[T]`` and the `Prefill` batch of packed prompts written to cache rows ``rows``
+    (default ``0..B-1``), each from position 0. Rows past ``cu_seqlens[B]`` are padding."""
+    cu = jnp.asarray(cu_seqlens, jnp.int32)
+    B = cu.shape[0] - 1
+    rows = jnp.arange(B, dtype=jnp.int32) if rows is None else jnp.asarray(rows, jnp.int32)
+    t = jnp.arange(num_tokens, dtype=jnp.int32)
+    seq = jnp.clip(jnp.searchsorted(cu[1:], t, side="right"), 0, B - 1)
+    positions = t - cu[seq]
+    valid = (t >= cu[0]) & (t < cu[B])
+    slots = slot_mapping(cache.block_tables[rows[seq]], positions, cache.page_size, valid)
+    return jnp.where(valid, positions, 0), Prefill(cu, slots)
+
+
+def decode_batch(cache: KVCache, num_new: int, active=None):
+    """Positions ``[B, num_new]``, the `Decode` batch of ``num_new`` tokens per row appended at
+    ``kv_lens``, and the new lengths. Inactive rows (``active[b]`` False) are not written and
+    keep their length."""
+    B = cache.kv_lens.shape[0]
+    active = jnp.ones((B,), bool) if active is None else jnp.asarray(active, bool)
+    positions = cache.kv_lens[:, None] + jnp.arange(num_new, dtype=jnp.int32)
+    valid = jnp.broadcast_to(active[:, None], positions.shape)
+    slots = slot_mapping(cache.block_tables, positions, cache.page_size, valid)
+    kv_lens = cache.kv_lens + jnp.where(active, num_new, 0).astype(jnp.int32)
+    return positions, Decode(cache.block_tables, kv_lens, slots), kv_lens
+
+
+def pages_needed(num_tokens: int, page_size: int) -> int:
+    return math.ceil(num_tokens / page_size)
+
+
+def block_table(rows: Sequence[Sequence[int]], max_pages: int | None = None) -> np.ndarray:
+    """An int32 ``[B, max_pages]`` block table from per-row page lists, padded with the null
+    page 0."""
+    width = max((len(r) for r in rows), default=0) if max_pages is None else max_pages
+    out = np.zeros((len(rows), max(width, 1)), np.int32)
+    for b, r in enumerate(rows):
+        out[b, : len(r)] = r
+    return out
