@@ -167,9 +167,9 @@ def main():
     batches = args.batch or ([1, 4] if args.tiny else [1, 32])
     prompt_len = args.prompt_len or (64 if args.tiny else 2048)
     new_tokens = args.new_tokens or (16 if args.tiny else 256)
-    baselines = args.baselines if args.baselines is not None else (
-        ["cudnn", "xla"] if on_gpu else ["xla"]
-    )  # fmt: skip
+    baselines = (
+        args.baselines if args.baselines is not None else (["cudnn", "xla"] if on_gpu else ["xla"])
+    )
 
     print(
         f"device: {device.device_kind} ({device.platform}); jax {jax.__version__}; "
@@ -195,9 +195,11 @@ def main():
         rng = np.random.default_rng(B)
         prompts = rng.integers(0, config.vocab_size, (B, prompt_len)).astype(np.int32)
         systems = [
-            ("jax_flash (paged)", functools.partial(run_flash, model, prompts, new_tokens,
-                                                    args.page_size))
-        ]  # fmt: skip
+            (
+                "jax_flash (paged)",
+                functools.partial(run_flash, model, prompts, new_tokens, args.page_size),
+            )
+        ]
         systems += [
             (f"dense {impl}", functools.partial(run_dense, model, prompts, new_tokens, impl))
             for impl in baselines

@@ -69,9 +69,13 @@ def run(model, prompts, args, label, **kw):
     first = generate(model, prompts, args.max_new_tokens, **kw)
     print(f"  {label}: compiled in {first.compile_s:.2f} s")
     out = generate(
-        model, prompts, args.max_new_tokens, steps_per_call=args.steps_per_call,
-        progress=progress_bar(label), **kw,
-    )  # fmt: skip
+        model,
+        prompts,
+        args.max_new_tokens,
+        steps_per_call=args.steps_per_call,
+        progress=progress_bar(label),
+        **kw,
+    )
     assert out.tokens == first.tokens
     print(
         f"  {label}: prefill {out.num_prompt_tokens} tokens in {out.prefill_s * 1e3:.1f} ms = "
@@ -89,10 +93,17 @@ def main():
     parser.add_argument("--num-beams", type=int, default=None)
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--steps-per-call", type=int, default=8, help="decode steps per jit call")
-    parser.add_argument("--dtype", default=None, help="float32/bfloat16 (default: demo float32, "
-                        "checkpoint: its own)")  # fmt: skip
-    parser.add_argument("--check", action="store_true", help="also check a checkpoint's tokens "
-                        "against the pure-XLA path (always done for the random model)")  # fmt: skip
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        help="float32/bfloat16 (default: demo float32, checkpoint: its own)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="also check a checkpoint's tokens "
+        "against the pure-XLA path (always done for the random model)",
+    )
     args = parser.parse_args()
 
     device = jax.devices()[0]
@@ -124,8 +135,10 @@ def main():
         f"{config.head_dim}, vocab {config.vocab_size}, {n_params / 1e6:.1f}M parameters, "
         f"{jnp.dtype(model.dtype).name}"
     )
-    print(f"prompts: {len(prompts)} of lengths {[len(p) for p in prompts]}, "
-          f"{args.max_new_tokens} new tokens each, page size {args.page_size}")  # fmt: skip
+    print(
+        f"prompts: {len(prompts)} of lengths {[len(p) for p in prompts]}, "
+        f"{args.max_new_tokens} new tokens each, page size {args.page_size}"
+    )
 
     out = run(model, prompts, args, "jax_flash", eos_token_id=eos)
     for i, toks in enumerate(out.tokens):

@@ -246,9 +246,14 @@ class Attention(nnx.Module):
     def _rope(self, x, positions):
         scaling = None if self.rope_scaling is None else dict(self.rope_scaling)
         return apply_rope(
-            x, positions, style="neox", rotary_dim=self.rotary_dim, theta=self.rope_theta,
-            scaling=scaling, implementation=self.attention_impl,
-        )  # fmt: skip
+            x,
+            positions,
+            style="neox",
+            rotary_dim=self.rotary_dim,
+            theta=self.rope_theta,
+            scaling=scaling,
+            implementation=self.attention_impl,
+        )
 
     def __call__(self, x, positions, kv, batch):
         """Attention of new tokens, with their k/v appended to the cache.
@@ -276,22 +281,37 @@ class Attention(nnx.Module):
         else:
             heads = (-1, self.num_kv_heads, self.head_dim)
             k_pages, v_pages = append_kv(
-                *kv, k.reshape(heads), v.reshape(heads), batch.slots.reshape(-1),
+                *kv,
+                k.reshape(heads),
+                v.reshape(heads),
+                batch.slots.reshape(-1),
                 implementation=impl,
-            )  # fmt: skip
+            )
             kv = (k_pages, v_pages)
             if isinstance(batch, Prefill):
                 o = flash_attention_varlen(
-                    q, k, v, batch.cu_seqlens, batch.cu_seqlens, causal=True,
-                    softmax_scale=self.softmax_scale, sliding_window=self._window(),
+                    q,
+                    k,
+                    v,
+                    batch.cu_seqlens,
+                    batch.cu_seqlens,
+                    causal=True,
+                    softmax_scale=self.softmax_scale,
+                    sliding_window=self._window(),
                     implementation=impl,
-                )  # fmt: skip
+                )
             elif isinstance(batch, Decode):
                 o = paged_attention(
-                    q, k_pages, v_pages, batch.block_tables, batch.kv_lens, causal=True,
-                    softmax_scale=self.softmax_scale, sliding_window=self._window(),
+                    q,
+                    k_pages,
+                    v_pages,
+                    batch.block_tables,
+                    batch.kv_lens,
+                    causal=True,
+                    softmax_scale=self.softmax_scale,
+                    sliding_window=self._window(),
                     implementation=impl,
-                )  # fmt: skip
+                )
             else:
                 raise TypeError(f"Attention: batch must be Prefill, Decode or Dense, got {batch!r}")
         return self.o_proj(o.reshape(*lead, self.num_heads * self.head_dim)), kv
@@ -306,9 +326,15 @@ class Attention(nnx.Module):
             v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, 0, 0, 0))
             window = None if self.sliding_window is None else (self.sliding_window - 1, 0)
             o = jax.nn.dot_product_attention(
-                q, k, v, is_causal=True, query_seq_lengths=batch.new_lens,
-                key_value_seq_lengths=batch.new_lens, local_window_size=window, **attend,
-            )  # fmt: skip
+                q,
+                k,
+                v,
+                is_causal=True,
+                query_seq_lengths=batch.new_lens,
+                key_value_seq_lengths=batch.new_lens,
+                local_window_size=window,
+                **attend,
+            )
         else:
             if self.sliding_window is not None:
                 raise NotImplementedError("Attention: Dense decode steps take no sliding window")

@@ -180,9 +180,13 @@ def test_generate_greedy_deterministic_and_stops():
     a = generate(model, prompts, 8, page_size=PAGE)
     progress = []
     b = generate(
-        model, prompts, 8, page_size=PAGE, steps_per_call=3,
+        model,
+        prompts,
+        8,
+        page_size=PAGE,
+        steps_per_call=3,
         progress=lambda step, total: progress.append((step, total)),
-    )  # fmt: skip
+    )
     assert a.tokens == b.tokens and all(len(t) == 8 for t in a.tokens)
     assert progress == [(4, 8), (7, 8), (8, 8)]
     # Each row's greedy tokens are the argmax of the full forward pass over its prompt and
@@ -386,9 +390,12 @@ def test_load_hf_checkpoint(tmp_path, config, model_type, shards):
 
 def test_config_from_hf():
     base = dict(
-        vocab_size=10, hidden_size=8, intermediate_size=16, num_hidden_layers=4,
+        vocab_size=10,
+        hidden_size=8,
+        intermediate_size=16,
+        num_hidden_layers=4,
         num_attention_heads=2,
-    )  # fmt: skip
+    )
     mistral = LlamaConfig.from_hf({**base, "model_type": "mistral", "sliding_window": 4096})
     assert mistral.sliding_window == 4096 and mistral.layer_window(3) == 4096
     assert not mistral.qkv_bias and mistral.num_key_value_heads == 2 and mistral.head_dim == 4

@@ -99,10 +99,14 @@ def _draw(logits, key, step, spec: _Spec, params):
     if spec.greedy:
         return sample(logits, key, temperature=0.0, implementation=spec.impl)
     return sample(
-        logits, jax.random.fold_in(key, step), temperature=params["temperature"],
-        top_k=params["top_k"], top_p=params["top_p"], min_p=params["min_p"],
+        logits,
+        jax.random.fold_in(key, step),
+        temperature=params["temperature"],
+        top_k=params["top_k"],
+        top_p=params["top_p"],
+        min_p=params["min_p"],
         implementation=spec.impl,
-    )  # fmt: skip
+    )
 
 
 def _is_eos(tokens, params):
@@ -147,10 +151,15 @@ def _sample_loop(graphdef, spec, state, carry, stop_step):
         out = c["out"].at[:, c["step"]].set(jnp.where(active, tok, -1), mode="drop")
         stop = _is_eos(tok, c["params"]) | (n_gen >= c["params"]["max_new"])
         return dict(
-            c, cache=cache, last=jnp.where(active, tok, c["last"]), out=out, n_gen=n_gen,
-            done=c["done"] | (active & stop), step=c["step"] + 1,
+            c,
+            cache=cache,
+            last=jnp.where(active, tok, c["last"]),
+            out=out,
+            n_gen=n_gen,
+            done=c["done"] | (active & stop),
+            step=c["step"] + 1,
             n_decoded=c["n_decoded"] + jnp.sum(active),
-        )  # fmt: skip
+        )
 
     return jax.lax.while_loop(cond, body, carry)
 
@@ -253,9 +262,15 @@ def _beam_prefill(graphdef, spec, width, state, cache, tokens, cu, params, spare
     )
     beams, parents, last = _beam_select(jnp.repeat(logits, K, axis=0), beams, jnp.int32(0), params)
     return dict(
-        cache=cache, params=params, spare=spare, beams=beams, parents=parents, last=last,
-        step=jnp.int32(1), n_decoded=jnp.int32(0),
-    )  # fmt: skip
+        cache=cache,
+        params=params,
+        spare=spare,
+        beams=beams,
+        parents=parents,
+        last=last,
+        step=jnp.int32(1),
+        n_decoded=jnp.int32(0),
+    )
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
@@ -272,9 +287,15 @@ def _beam_loop(graphdef, spec, state, carry, stop_step):
         logits, cache = model.decode(cache, c["last"], active=active)
         beams, parents, last = _beam_select(logits, c["beams"], c["step"], c["params"])
         return dict(
-            c, cache=cache, spare=spare, beams=beams, parents=parents, last=last,
-            step=c["step"] + 1, n_decoded=c["n_decoded"] + jnp.sum(active),
-        )  # fmt: skip
+            c,
+            cache=cache,
+            spare=spare,
+            beams=beams,
+            parents=parents,
+            last=last,
+            step=c["step"] + 1,
+            n_decoded=c["n_decoded"] + jnp.sum(active),
+        )
 
     return jax.lax.while_loop(cond, body, carry)
 

@@ -5,7 +5,9 @@ The computation follows transformers' ``modeling_llama`` step by step so that a 
 the same logits here: RMSNorm in float32, cast back to the input dtype, then times the weight;
 rotate-half ("neox") RoPE with the frequencies transformers computes (Llama 3 scaling
 included); ``softmax_scale = head_dim ** -0.5``; SwiGLU MLP ``down(silu(gate(x)) * up(x))``;
-logits ``lm_head(norm(h))`` (tied: ``h @ embed_tokens.T``), returned in float32.
+logits ``lm_head(norm(h))`` (tied: ``h @ embed_tokens.T``), returned in float32. In float32 the
+logits equal transformers' to rounding; in bfloat16 they agree to bfloat16 rounding (RoPE here
+rotates in float32 and rounds once, where transformers first rounds cos/sin to bfloat16).
 """
 
 from __future__ import annotations
@@ -114,9 +116,11 @@ class LlamaConfig:
                 raise ValueError(
                     f"LlamaConfig.from_hf: rope type {kind_!r} is not supported {_ROPE_TYPES}"
                 )
-            scaling = None if kind_ == "default" else {
-                k: v for k, v in scaling.items() if k != "rope_theta"
-            }  # fmt: skip
+            scaling = (
+                None
+                if kind_ == "default"
+                else {k: v for k, v in scaling.items() if k != "rope_theta"}
+            )
         if c.get("partial_rotary_factor", 1.0) != 1.0:
             raise ValueError("LlamaConfig.from_hf: partial_rotary_factor != 1 is not supported")
         layers = c["num_hidden_layers"]
@@ -207,9 +211,13 @@ class DecoderLayer(nnx.Module):
             c.hidden_size, c.rms_norm_eps, param_dtype=param_dtype
         )
         self.mlp = MLP(
-            c.hidden_size, c.intermediate_size, bias=c.mlp_bias, dtype=dtype,
-            param_dtype=param_dtype, rngs=rngs,
-        )  # fmt: skip
+            c.hidden_size,
+            c.intermediate_size,
+            bias=c.mlp_bias,
+            dtype=dtype,
+            param_dtype=param_dtype,
+            rngs=rngs,
+        )
 
     def __call__(self, x, positions, kv, batch):
         h, kv = self.self_attn(self.input_layernorm(x), positions, kv, batch)
@@ -280,7 +288,7 @@ class LlamaForCausalLM(nnx.Module):
                 dtype=dtype,
                 param_dtype=param_dtype,
                 rngs=rngs,
-            )  # fmt: skip
+            )
         )
 
     @classmethod
@@ -295,7 +303,7 @@ class LlamaForCausalLM(nnx.Module):
     ) -> LlamaForCausalLM:
         """A model with random weights drawn on the host with numpy: quick to build (no
         compilation of initialisers). Linear kernels ~ N(0, 1/fan_in), embeddings ~ N(0, 1),
-        norm weights 1, biases 0."""  # fmt: skip
+        norm weights 1, biases 0."""
         model = nnx.eval_shape(
             lambda: cls(
                 config,
@@ -303,7 +311,7 @@ class LlamaForCausalLM(nnx.Module):
                 dtype=dtype,
                 param_dtype=param_dtype,
                 rngs=nnx.Rngs(0),
-            )  # fmt: skip
+            )
         )
         rng = np.random.default_rng(seed)
         for path, var in nnx.iter_graph(model):
@@ -351,9 +359,14 @@ class LlamaForCausalLM(nnx.Module):
         """An empty paged cache for this model (block tables ``[B, max_pages]``)."""
         c = self.config
         return KVCache.create(
-            c.num_hidden_layers, num_pages, page_size, c.num_key_value_heads, c.head_dim,
-            block_tables, self.dtype,
-        )  # fmt: skip
+            c.num_hidden_layers,
+            num_pages,
+            page_size,
+            c.num_key_value_heads,
+            c.head_dim,
+            block_tables,
+            self.dtype,
+        )
 
     def _with_layers(self, cache: KVCache, kv, kv_lens) -> KVCache:
         k, v = zip(*kv, strict=True)
