@@ -341,6 +341,7 @@ struct Plan {
   int Mp;                    // rows rounded up to the row block
   int Dp, Dvp;               // head dims rounded up to the vector width
   bool k_direct, v_direct;   // float32 pages read in place
+  int cache_elem_bytes;
   // Tile gather for the cache dtype (see gather_impl).
   void (*gather)(const Plan&, const Item&, int, TileCursor*, const TileBuffers&);
   float* o_part;             // [parts, M, Dv]
@@ -444,6 +445,9 @@ struct TileBuffers {
   float* vs;
   const float** krow;  // [kTileN] row pointers
   const float** vrow;
+  const void** pf_k;   // [kTileN] cache rows of the next tile (to prefetch)
+  const void** pf_v;
+  int* pf_count;
 };
 
 template <CacheDType CT>
@@ -490,23 +494,21 @@ JF_INLINE void gather_impl(const Plan& pl, const Item& it, int n, TileCursor* cu
   }
   cur->pidx = pidx;
   cur->off = off;
-  // Prefetch the next tile's rows: rows of consecutive keys lie Hkv * D elements apart (and
-  // pages anywhere), beyond what the hardware prefetcher follows.
-#if defined(__GNUC__)
-  const int64_t next = std::min<int64_t>(kTileN, it.ke - (int64_t(pidx) * ps + off));
-  const int64_t kbytes = int64_t(D) * sizeof(T), vbytes = int64_t(Dv) * sizeof(T);
+  // Addresses of the next tile's rows, prefetched by the item loop while it computes this
+  // tile's scores (rows of consecutive keys lie Hkv * D elements apart and pages anywhere,
+  // beyond what the hardware prefetcher follows; spreading the prefetches over the compute
+  // keeps them from stalling on full miss buffers).
+  const int next = static_cast<int>(std::min<int64_t>(kTileN, it.ke - (pidx * ps + off)));
+  *tb.pf_count = next < 0 ? 0 : next;
   for (int j = 0; j < next; ++j) {
     const int64_t row = (int64_t(bt[pidx]) * ps + off) * Hkv + hk;
-    const char* kp = reinterpret_cast<const char*>(kc + row * D);
-    const char* vp = reinterpret_cast<const char*>(vc + row * Dv);
-    for (int64_t x = 0; x < kbytes; x += 64) __builtin_prefetch(kp + x);
-    for (int64_t x = 0; x < vbytes; x += 64) __builtin_prefetch(vp + x);
+    tb.pf_k[j] = kc + row * D;
+    tb.pf_v[j] = vc + row * Dv;
     if (++off == ps) {
       off = 0;
       ++pidx;
     }
   }
-#endif
 }
 
 using GatherFn = void (*)(const Plan&, const Item&, int, TileCursor*, const TileBuffers&);
@@ -528,6 +530,21 @@ JF_TARGET_AVX512 void gather_avx512(const Plan& pl, const Item& it, int n, TileC
 }
 #endif
 
+// Prefetches cache rows [j0, j1) of the next tile (K and V).
+JF_INLINE void prefetch_rows(const void* const* pk, const void* const* pv, int j0, int j1,
+                             int64_t kbytes, int64_t vbytes) {
+#if defined(__GNUC__)
+  for (int j = j0; j < j1; ++j) {
+    const char* k = static_cast<const char*>(pk[j]);
+    const char* v = static_cast<const char*>(pv[j]);
+    for (int64_t x = 0; x < kbytes; x += 64) __builtin_prefetch(k + x);
+    for (int64_t x = 0; x < vbytes; x += 64) __builtin_prefetch(v + x);
+  }
+#else
+  (void)pk, (void)pv, (void)j0, (void)j1, (void)kbytes, (void)vbytes;
+#endif
+}
+
 // ---------------------------------------------------------------------------------------------
 // One work item.
 
@@ -535,7 +552,9 @@ template <int W, int MB>
 JF_INLINE void item_impl(const Plan& pl, const Item& it, float* JF_RESTRICT scratch,
                          int64_t* JF_RESTRICT range) {
   constexpr int KB = std::min(W, std::max(1, (W >= 16 ? 8 : 4) / MB));
-  constexpr int NV = std::max(1, 8 / MB);
+  // acc += P V keeps MB x NV vectors of acc in registers: 16 of the 32 AVX-512 registers, 8 of
+  // the 16 of SSE / AVX2.
+  constexpr int NV = std::max(1, std::min(8, (W >= 16 ? 16 : 8) / MB));
   const PagedAttentionParams& p = *pl.p;
   const int G = pl.G, M = pl.M, Mp = pl.Mp, Dp = pl.Dp, Dvp = pl.Dvp;
   const int D = p.head_dim, Sq = p.seqlen_q;
@@ -596,7 +615,12 @@ JF_INLINE void item_impl(const Plan& pl, const Item& it, float* JF_RESTRICT scra
   const float cap = p.softcap, inv_cap = use_cap ? 1.0f / p.softcap : 0.0f;
   const float* krow[kTileN];
   const float* vrow[kTileN];
-  const TileBuffers tb{Kf, Vf, ks, vs, krow, vrow};
+  const void* pf_k[kTileN];
+  const void* pf_v[kTileN];
+  int pf_count = 0;
+  const TileBuffers tb{Kf, Vf, ks, vs, krow, vrow, pf_k, pf_v, &pf_count};
+  const int64_t row_bytes_k = int64_t(D) * pl.cache_elem_bytes;
+  const int64_t row_bytes_v = int64_t(p.head_dim_v) * pl.cache_elem_bytes;
   TileCursor cur{it.kb / ps, static_cast<int32_t>(it.kb % ps)};
   for (int64_t t0 = it.kb; t0 < it.ke; t0 += kTileN) {
     const int n = static_cast<int>(std::min<int64_t>(kTileN, it.ke - t0));
@@ -605,11 +629,14 @@ JF_INLINE void item_impl(const Plan& pl, const Item& it, float* JF_RESTRICT scra
 
     // Scores: S[r, j] for rows in blocks of MB, keys in blocks of W (padding keys read zeros).
     const float* kblk[W];
-    for (int j0 = 0; j0 < nw; j0 += W) {
+    const int pf_per_block = (pf_count + nw / W - 1) / (nw / W);
+    for (int j0 = 0, jb = 0; j0 < nw; j0 += W, ++jb) {
       for (int j = 0; j < W; ++j) kblk[j] = j0 + j < n ? krow[j0 + j] : zero;
       for (int r0 = 0; r0 < Mp; r0 += MB)
         qk_block<W, MB, KB>(Q + int64_t(r0) * Dp, Dp, kblk, Dp / W, S + int64_t(r0) * kTileN + j0,
                             kTileN);
+      prefetch_rows(pf_k, pf_v, jb * pf_per_block, std::min(pf_count, (jb + 1) * pf_per_block),
+                    row_bytes_k, row_bytes_v);
     }
 
     // Softmax bookkeeping per row, over whole vectors of keys (nw): padding keys n..nw are
@@ -823,6 +850,7 @@ void run(const PagedAttentionParams& p) {
   if (pl.gather == nullptr) return;
   pl.Dp = static_cast<int>(round_up(p.head_dim, W));
   pl.Dvp = static_cast<int>(round_up(p.head_dim_v, W));
+  pl.cache_elem_bytes = cache_elem_bytes(p.cache_dtype);
   pl.k_direct = p.cache_dtype == CacheDType::kFloat32 && p.head_dim % W == 0;
   pl.v_direct = p.cache_dtype == CacheDType::kFloat32 && p.head_dim_v % W == 0;
 
