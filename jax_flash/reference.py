@@ -217,8 +217,11 @@ def quantize(x, scale, cache_dtype):
     name = jnp.dtype(cache_dtype).name
     qmax = QMAX[name]
     x = x.astype(jnp.float32)
-    scale = jnp.asarray(scale, jnp.float32)
-    y = jnp.where(scale == 0, 0.0, x / jnp.where(scale == 0, 1.0, scale))
+    scale = jnp.broadcast_to(jnp.asarray(scale, jnp.float32), x.shape)
+    # The barrier keeps XLA from turning x / broadcast(scale) into x * (1 / scale), which is
+    # not the IEEE division the kernels do.
+    divisor = jax.lax.optimization_barrier(jnp.where(scale == 0, 1.0, scale))
+    y = jnp.where(scale == 0, 0.0, x / divisor)
     y = jnp.clip(y, -qmax, qmax)
     if name == "int8":
         y = jnp.round(y)
@@ -228,7 +231,8 @@ def quantize(x, scale, cache_dtype):
 def per_token_scale(x, cache_dtype):
     """amax over the last axis / qmax, float32 (the per-token-and-head scale of append_kv)."""
     qmax = QMAX[jnp.dtype(cache_dtype).name]
-    return jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1) / jnp.float32(qmax)
+    amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1)
+    return amax / jax.lax.optimization_barrier(jnp.full(amax.shape, qmax, jnp.float32))
 
 
 def gather_pages(pages, block_tables, scale=None):

@@ -344,8 +344,14 @@ def test_cuda_lowering_without_gpu(rng):
     text = jax.jit(f).trace(q, k, v).lower(lowering_platforms=("cuda",)).as_text()
     assert "jax_flash_flash_attention_cuda" in text
     big = jnp.zeros((1, 4, 2, 320), jnp.bfloat16)
+    forced = functools.partial(jax_flash.flash_attention, implementation="cuda")
     with pytest.raises(ValueError, match="head dims up to 256"):
+        jax.jit(forced).trace(big, big, big).lower(lowering_platforms=("cuda",))
+    # implementation=None falls back to the jnp reference for head dims the kernel lacks.
+    text = (
         jax.jit(jax_flash.flash_attention).trace(big, big, big).lower(lowering_platforms=("cuda",))
+    )
+    assert "jax_flash_flash_attention_cuda" not in text.as_text()
 
 
 def test_cuda_implementation_on_cpu_raises(rng):

@@ -72,6 +72,13 @@ def _randomize_vectors(model, seed):
 
 
 @functools.cache
+@pytest.fixture(autouse=True)
+def _exact_float32_matmuls():
+    # The decoders are compared in float32 at tight tolerances: no TF32 on GPUs.
+    with jax.default_matmul_precision("highest"):
+        yield
+
+
 def _model(config, impl=None):
     if impl is not None:
         return _model(config).with_attention_impl(impl)  # the same weights

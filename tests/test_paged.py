@@ -290,7 +290,10 @@ def test_append_vmap(platform, rng):
     kp = randn(rng, (3, 5, 4, 2, 32), jnp.float32)
     vp = randn(rng, (3, 5, 4, 2, 32), jnp.float32)
     kn = randn(rng, (3, 6, 2, 32), jnp.float32)
-    slots = jnp.asarray(rng.integers(-2, 22, (3, 6)), jnp.int32)
+    # Distinct slots per instance (duplicates have no defined winner), some skipped.
+    slots = np.stack([rng.permutation(22)[:6] for _ in range(3)]).astype(np.int32)
+    slots[:, 0] = [-2, 21, 20 * 1000]
+    slots = jnp.asarray(slots)
 
     def f(impl, kp, vp, kn, slots):
         return jax_flash.append_kv(kp, vp, kn, kn, slots, implementation=impl)

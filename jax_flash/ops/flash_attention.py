@@ -84,8 +84,8 @@ def flash_attention(
     implementation : None, "cuda", "cpu" or "xla"
         None runs the native kernel of the platform the computation is placed on (the jnp
         reference on platforms without one); "xla" is :mod:`jax_flash.reference` (pure jnp,
-        materialises the scores). The CUDA kernel takes head dims up to 256; larger ones raise a
-        ``ValueError`` that points to ``implementation="xla"``.
+        materialises the scores). The CUDA kernel takes head dims up to 256; for larger ones
+        None falls back to the jnp reference (O(S^2) memory) and "cuda" raises a ValueError.
 
     Returns
     -------

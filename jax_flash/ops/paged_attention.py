@@ -134,6 +134,8 @@ def paged_attention(
     return_lse : bool
         Also return ``lse`` float32 ``[B, Hq]`` (or ``[B, Hq, Sq]``).
     implementation : None, "cuda", "cpu" or "xla" (gathers the pages, then the jnp reference).
+        The CUDA kernel takes D == Dv in (64, 128, 256); other head dims run the "xla" path
+        under None (slow: it gathers the cache) and raise a ValueError under "cuda".
 
     Returns
     -------

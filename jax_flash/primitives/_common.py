@@ -35,8 +35,12 @@ def register_lowerings(
     """Lower `p` to FFI targets jax_flash_<op>_{cpu,cuda}, and elsewhere to `reference`.
 
     attrs(config) -> FFI attributes; reference(*args, config=...) -> list of results;
-    check_cuda(ctx, config) raises for cases the CUDA kernels do not take.
+    check_cuda(ctx, config) -> None, or why the CUDA kernels do not take this case: then
+    implementation=None runs `reference` (documented per op) and implementation="cuda" raises.
     """
+
+    def lower_reference_fn(ctx, *args, config):
+        return mlir.lower_fun(partial(reference, config=config), multiple_results=True)(ctx, *args)
 
     def lowering(platform: str):
         target = ffi.ffi_lowering(f"jax_flash_{op}_{platform}", operand_output_aliases=aliases)
@@ -54,8 +58,11 @@ def register_lowerings(
                         "time); reinstall with a CUDA compiler on PATH, or use "
                         "implementation='xla'"
                     )
-                if check_cuda is not None:
-                    check_cuda(ctx, config)
+                reason = None if check_cuda is None else check_cuda(ctx, config)
+                if reason is not None:
+                    if config.implementation == "cuda":
+                        raise ValueError(f"jax_flash.{op}: {reason}; use implementation='xla'")
+                    return lower_reference_fn(ctx, *args, config=config)
             return target(ctx, *args, **attrs(config))
 
         return lower
@@ -66,7 +73,7 @@ def register_lowerings(
                 f"jax_flash.{op}: implementation={config.implementation!r} has no kernel on this "
                 "platform; use implementation=None or 'xla'"
             )
-        return mlir.lower_fun(partial(reference, config=config), multiple_results=True)(ctx, *args)
+        return lower_reference_fn(ctx, *args, config=config)
 
     mlir.register_lowering(p, lower_reference)
     mlir.register_lowering(p, lowering("cpu"), platform="cpu")

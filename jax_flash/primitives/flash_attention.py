@@ -67,10 +67,11 @@ def _check_cuda(ctx, config):
     q_aval, _, v_aval = ctx.avals_in[:3]
     d, dv = q_aval.shape[2], v_aval.shape[2]
     if max(d, dv) > CUDA_MAX_HEAD_DIM:
-        raise ValueError(
-            f"jax_flash.flash_attention: the CUDA kernel takes head dims up to "
-            f"{CUDA_MAX_HEAD_DIM}, got head_dim={d}, head_dim_v={dv}; use implementation='xla'"
+        return (
+            f"the CUDA kernel takes head dims up to {CUDA_MAX_HEAD_DIM}, got head_dim={d}, "
+            f"head_dim_v={dv}"
         )
+    return None
 
 
 def _reference(*args, config):

@@ -70,10 +70,11 @@ def _attrs(config: PagedConfig) -> dict:
 def _check_cuda(ctx, config):
     q, _, v = ctx.avals_in[:3]
     if q.shape[3] != v.shape[3] or q.shape[3] not in CUDA_HEAD_DIMS:
-        raise ValueError(
-            f"jax_flash.paged_attention: the CUDA kernel takes head dims {CUDA_HEAD_DIMS} with "
-            f"D == Dv, got D={q.shape[3]}, Dv={v.shape[3]}; use implementation='xla'"
+        return (
+            f"the CUDA kernel takes head dims {CUDA_HEAD_DIMS} with D == Dv, got D={q.shape[3]}, "
+            f"Dv={v.shape[3]}"
         )
+    return None
 
 
 def _scales(config, k_scale, v_scale):
