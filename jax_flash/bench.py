@@ -411,7 +411,7 @@ def _decode_peers(kind, s: DecodeShape, k_pages, v_pages, block_tables):
                 if block_tables.shape[1] % splits:
                     continue
 
-                def fn(q, kp, vp, bt, kl, splits=splits, kh=kh, vh=vh):
+                def fn(q, kh, vh, bt, kl, splits=splits):
                     return pallas_paged.paged_attention(
                         q,
                         kh,
@@ -422,15 +422,15 @@ def _decode_peers(kind, s: DecodeShape, k_pages, v_pages, block_tables):
                         pages_per_compute_block=max(1, min(8, bt.shape[1] // splits)),
                     )
 
+                fn.cache = (kh, vh)  # passed as arguments, not captured as constants
                 peers[f"pallas_k{splits}"] = fn
         dense = functools.partial(reference.gather_pages, block_tables=block_tables)
 
-        def cudnn(q, kp, vp, bt, kl, k=None, v=None):
-            return jax.nn.dot_product_attention(q[:, None], k, v, implementation="cudnn")[:, 0]
+        def cudnn(q, kd, vd, bt, kl):  # a contiguous copy of the cache in place of the pages
+            return jax.nn.dot_product_attention(q[:, None], kd, vd, implementation="cudnn")[:, 0]
 
-        kd = dense(k_pages).astype(s.dtype)
-        vd = dense(v_pages).astype(s.dtype)
-        peers["cudnn_contiguous"] = functools.partial(cudnn, k=kd, v=vd)
+        cudnn.cache = (dense(k_pages).astype(s.dtype), dense(v_pages).astype(s.dtype))
+        peers["cudnn_contiguous"] = cudnn
     peers["jnp_gather"] = functools.partial(jax_flash.paged_attention, implementation="xla")
     return peers
 
@@ -464,12 +464,13 @@ def run_decode(grid="quick", dtypes=("bfloat16",), out_dir=None):
         row = {"shape": dataclasses.asdict(s), "results": {}}
         for name, fn in _decode_peers(kind, s, kp, vp, bt).items():
             try:
-                t = _loop_time(fn, (q, kp, vp, bt, kl))
+                kk, vv = getattr(fn, "cache", (kp, vp))
+                t = _loop_time(fn, (q, kk, vv, bt, kl))
                 res = {"us": t * 1e6, "gbps": s.kv_bytes / t / 1e9}
                 if roof:
                     res["pct_roofline"] = 100 * res["gbps"] / roof["hbm_read_gbps"]
                 if ref is not None:
-                    res["rel_err"] = _rel_err(jax.jit(fn)(q, kp, vp, bt, kl), ref)
+                    res["rel_err"] = _rel_err(jax.jit(fn)(q, kk, vv, bt, kl), ref)
             except Exception as e:
                 res = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
             row["results"][name] = res

@@ -72,11 +72,13 @@ def _randomize_vectors(model, seed):
 
 
 @functools.cache
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="module")
 def _exact_float32_matmuls():
     # The decoders are compared in float32 at tight tolerances: no TF32 on GPUs.
-    with jax.default_matmul_precision("highest"):
-        yield
+    previous = jax.config.jax_default_matmul_precision
+    jax.config.update("jax_default_matmul_precision", "highest")
+    yield
+    jax.config.update("jax_default_matmul_precision", previous)
 
 
 def _model(config, impl=None):
