@@ -9,6 +9,10 @@ import pytest
 
 import jax_flash
 
+# Float32 results are compared at float32 tolerances: XLA's own matmuls (model projections,
+# same-dtype baselines) must not drop to TF32 on GPUs. Set before anything is compiled.
+jax.config.update("jax_default_matmul_precision", "highest")
+
 
 def _gpu_devices():
     try:

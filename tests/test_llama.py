@@ -72,15 +72,6 @@ def _randomize_vectors(model, seed):
 
 
 @functools.cache
-@pytest.fixture(autouse=True, scope="module")
-def _exact_float32_matmuls():
-    # The decoders are compared in float32 at tight tolerances: no TF32 on GPUs.
-    previous = jax.config.jax_default_matmul_precision
-    jax.config.update("jax_default_matmul_precision", "highest")
-    yield
-    jax.config.update("jax_default_matmul_precision", previous)
-
-
 def _model(config, impl=None):
     if impl is not None:
         return _model(config).with_attention_impl(impl)  # the same weights
