@@ -38,13 +38,7 @@
 #define JF_VECTOR 0
 #endif
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define JF_X86_DISPATCH 1
-#define JF_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define JF_TARGET_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
-#else
-#define JF_X86_DISPATCH 0
-#endif
+#include "isa.h"  // cuda/cpu: JF_TARGET_*, detect_isa
 
 #if defined(__GNUC__) && !defined(__clang__)
 // Vector-typed helpers are always inlined into functions of one ISA; their nominal ABI is moot.
@@ -707,29 +701,8 @@ JF_TARGET_AVX512 void item_avx512(const Plan& pl, const Item& it, float* s, int6
 }
 #endif
 
-enum class Isa { kGeneric, kAvx2, kAvx512 };
-
-Isa detect_isa() {
-#if JF_X86_DISPATCH
-  static const Isa isa = [] {
-    Isa cap = Isa::kAvx512;
-    if (const char* env = std::getenv("JAX_FLASH_CPU_ISA")) {
-      if (std::strcmp(env, "generic") == 0) cap = Isa::kGeneric;
-      if (std::strcmp(env, "avx2") == 0) cap = Isa::kAvx2;
-    }
-    __builtin_cpu_init();
-    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                      __builtin_cpu_supports("f16c");
-    const bool avx512 = avx2 && __builtin_cpu_supports("avx512f");
-    if (avx512 && cap == Isa::kAvx512) return Isa::kAvx512;
-    if (avx2 && cap != Isa::kGeneric) return Isa::kAvx2;
-    return Isa::kGeneric;
-  }();
-  return isa;
-#else
-  return Isa::kGeneric;
-#endif
-}
+using cpu::Isa;
+using cpu::detect_isa;
 
 template <int W>
 ItemFn pick_item(Isa isa, int mb) {

@@ -7,9 +7,10 @@ from collections.abc import Callable
 from functools import partial
 
 import jax
+import jax.numpy as jnp
 
 from .. import _native
-from .._compat import Primitive, ffi, mlir
+from .._compat import NOT_MAPPED, Primitive, ffi, mlir
 
 
 def make_primitive(name: str) -> Primitive:
@@ -78,3 +79,10 @@ def register_lowerings(
     mlir.register_lowering(p, lower_reference)
     mlir.register_lowering(p, lowering("cpu"), platform="cpu")
     mlir.register_lowering(p, lowering("cuda"), platform="cuda")
+
+
+def batch_first(x, bdim, size: int):
+    """x with its vmapped axis first, broadcast to `size` when vmap does not map it."""
+    if bdim is NOT_MAPPED:
+        return jnp.broadcast_to(x, (size,) + x.shape)
+    return jnp.moveaxis(x, bdim, 0)

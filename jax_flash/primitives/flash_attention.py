@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import reference
 from .._compat import NOT_MAPPED, ShapedArray, batching
-from ._common import make_primitive, register_lowerings
+from ._common import batch_first, make_primitive, register_lowerings
 
 # Largest head dim the CUDA kernels take (cuda/ffi/flash_attention.cu: kMaxCudaHeadDim).
 CUDA_MAX_HEAD_DIM = 256
@@ -91,13 +91,6 @@ def _reference(*args, config):
 register_lowerings(flash_attention_p, "flash_attention", _ffi_attrs, _reference, _check_cuda)
 
 
-def _move(x, bdim, size):
-    """x with its vmapped axis first (broadcast when not mapped)."""
-    if bdim is NOT_MAPPED:
-        return jnp.broadcast_to(x, (size,) + x.shape)
-    return jnp.moveaxis(x, bdim, 0)
-
-
 def _batch(args, dims, *, config):
     q, k, v, qs, qe, ks, ke = args
     qd, kd, vd, qsd, qed, ksd, ked = dims
@@ -116,15 +109,15 @@ def _batch(args, dims, *, config):
 
     # Otherwise fold the mapped axis into the packed rows: instance n's rows follow instance
     # n-1's, and its sequences' starts/ends are shifted by n rows-per-instance.
-    qm, km, vm = _move(q, qd, size), _move(k, kd, size), _move(v, vd, size)
+    qm, km, vm = batch_first(q, qd, size), batch_first(k, kd, size), batch_first(v, vd, size)
     tq, tk = qm.shape[1], km.shape[1]
     q_off = (jnp.arange(size, dtype=jnp.int32) * tq)[:, None]
     k_off = (jnp.arange(size, dtype=jnp.int32) * tk)[:, None]
     # Clamp per instance first (as the kernels do), so that no instance reaches into another's.
-    qs_n = jnp.clip(_move(qs, qsd, size), 0, tq)
-    qe_n = jnp.clip(_move(qe, qed, size), qs_n, tq)
-    ks_n = jnp.clip(_move(ks, ksd, size), 0, tk)
-    ke_n = jnp.clip(_move(ke, ked, size), ks_n, tk)
+    qs_n = jnp.clip(batch_first(qs, qsd, size), 0, tq)
+    qe_n = jnp.clip(batch_first(qe, qed, size), qs_n, tq)
+    ks_n = jnp.clip(batch_first(ks, ksd, size), 0, tk)
+    ke_n = jnp.clip(batch_first(ke, ked, size), ks_n, tk)
     qs2, qe2 = (qs_n + q_off).reshape(-1), (qe_n + q_off).reshape(-1)
     ks2, ke2 = (ks_n + k_off).reshape(-1), (ke_n + k_off).reshape(-1)
     o, lse = flash_attention_p.bind(

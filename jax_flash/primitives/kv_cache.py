@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import reference
 from .._compat import NOT_MAPPED, batching
-from ._common import make_primitive, register_lowerings
+from ._common import batch_first, make_primitive, register_lowerings
 
 _ALIASES = {0: 0, 1: 1, 2: 2, 3: 3}
 
@@ -68,15 +68,9 @@ register_lowerings(append_kv_p, "append_kv", _attrs, _append_reference, aliases=
 register_lowerings(copy_pages_p, "copy_pages", _attrs, _copy_reference, aliases=_ALIASES)
 
 
-def _move(x, bdim, size):
-    if bdim is NOT_MAPPED:
-        return jnp.broadcast_to(x, (size,) + x.shape)
-    return jnp.moveaxis(x, bdim, 0)
-
-
 def _stack_caches(args, dims, size, config):
     """Caches of all instances stacked along pages (per-head scales become per-token)."""
-    kp, vp, ks, vs = (_move(x, d, size) for x, d in zip(args[:4], dims[:4], strict=True))
+    kp, vp, ks, vs = (batch_first(x, d, size) for x, d in zip(args[:4], dims[:4], strict=True))
     P, page = kp.shape[1], kp.shape[2]
     mode = config.scale_mode
     if mode == 1:
@@ -110,7 +104,7 @@ def _batch_append(args, dims, *, config):
     # pages and shift each instance's slots by its pages.
     size = next(x.shape[d] for x, d in zip(args, dims, strict=True) if d is not NOT_MAPPED)
     flat, P, page, config_b = _stack_caches(args, dims, size, config)
-    k_new, v_new, slots = (_move(x, d, size) for x, d in zip(args[4:], dims[4:], strict=True))
+    k_new, v_new, slots = (batch_first(x, d, size) for x, d in zip(args[4:], dims[4:], strict=True))
     off = (jnp.arange(size, dtype=jnp.int32) * (P * page))[:, None]
     slots = jnp.where((slots >= 0) & (slots < P * page), slots + off, -1)
     outs = append_kv_p.bind(
@@ -126,7 +120,7 @@ def _batch_append(args, dims, *, config):
 def _batch_copy(args, dims, *, config):
     size = next(x.shape[d] for x, d in zip(args, dims, strict=True) if d is not NOT_MAPPED)
     flat, P, _, config_b = _stack_caches(args, dims, size, config)
-    src, dst = (_move(x, d, size) for x, d in zip(args[4:], dims[4:], strict=True))
+    src, dst = (batch_first(x, d, size) for x, d in zip(args[4:], dims[4:], strict=True))
     off = (jnp.arange(size, dtype=jnp.int32) * P)[:, None]
 
     def shift(ids):

@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import reference
 from .._compat import NOT_MAPPED, ShapedArray, batching
-from ._common import make_primitive, register_lowerings
+from ._common import batch_first, make_primitive, register_lowerings
 
 SCALE_NONE, SCALE_PER_HEAD, SCALE_PER_TOKEN = 0, 1, 2
 CUDA_HEAD_DIMS = (64, 128, 256)
@@ -108,12 +108,6 @@ def _reference(q, k_pages, v_pages, k_scale, v_scale, block_tables, kv_lens, *, 
 register_lowerings(paged_attention_p, "paged_attention", _attrs, _reference, _check_cuda)
 
 
-def _move(x, bdim, size):
-    if bdim is NOT_MAPPED:
-        return jnp.broadcast_to(x, (size,) + x.shape)
-    return jnp.moveaxis(x, bdim, 0)
-
-
 def _batch(args, dims, *, config):
     q, kp, vp, ks, vs, bt, kl = args
     qd, kpd, vpd, ksd, vsd, btd, kld = dims
@@ -135,7 +129,7 @@ def _batch(args, dims, *, config):
     if cache_mapped:
         # Each instance has its own cache: stack the caches' pages and shift the page ids of
         # instance n by n * num_pages (ids out of range stay out of range).
-        kpm, vpm = _move(kp, kpd, size), _move(vp, vpd, size)
+        kpm, vpm = batch_first(kp, kpd, size), batch_first(vp, vpd, size)
         P = kpm.shape[1]
         kp, vp = kpm.reshape(size * P, *kpm.shape[2:]), vpm.reshape(size * P, *vpm.shape[2:])
         if config.scale_mode == SCALE_PER_HEAD and (ksd is not NOT_MAPPED or vsd is not NOT_MAPPED):
@@ -143,21 +137,21 @@ def _batch(args, dims, *, config):
             page = kpm.shape[2]
             ks, vs = (
                 jnp.broadcast_to(
-                    _move(s, d, size)[:, None, None, :], (size, P, page, s.shape[-1])
+                    batch_first(s, d, size)[:, None, None, :], (size, P, page, s.shape[-1])
                 ).reshape(size * P, page, -1)
                 for s, d in ((ks, ksd), (vs, vsd))
             )
             config_b = dataclasses.replace(config, scale_mode=SCALE_PER_TOKEN)
         elif config.scale_mode == SCALE_PER_TOKEN:
-            ks = _move(ks, ksd, size).reshape(size * P, *ks.shape[-2:])
-            vs = _move(vs, vsd, size).reshape(size * P, *vs.shape[-2:])
-        btm = _move(bt, btd, size)
+            ks = batch_first(ks, ksd, size).reshape(size * P, *ks.shape[-2:])
+            vs = batch_first(vs, vsd, size).reshape(size * P, *vs.shape[-2:])
+        btm = batch_first(bt, btd, size)
         off = (jnp.arange(size, dtype=jnp.int32) * P)[:, None, None]
         btm = jnp.where((btm >= 0) & (btm < P), btm + off, -1)
     else:
-        btm = _move(bt, btd, size)
+        btm = batch_first(bt, btd, size)
     B = btm.shape[1]
-    qm = _move(q, qd, size)
+    qm = batch_first(q, qd, size)
     out = paged_attention_p.bind(
         qm.reshape(size * B, *qm.shape[2:]),
         kp,
@@ -165,7 +159,7 @@ def _batch(args, dims, *, config):
         ks,
         vs,
         btm.reshape(size * B, btm.shape[2]),
-        _move(kl, kld, size).reshape(size * B),
+        batch_first(kl, kld, size).reshape(size * B),
         config=config_b,
     )
     o = out[0].reshape(size, B, *out[0].shape[1:])
