@@ -3,9 +3,12 @@
 `Attention` projects q/k/v (GQA, optional bias), rotates q and k (RoPE), appends k/v to a paged
 cache in place and attends: packed prompts (`Prefill`) through
 :func:`jax_flash.flash_attention_varlen`, decode steps (`Decode`) through
-:func:`jax_flash.paged_attention`. `Dense` runs the same layer over a dense ``[B, S_max, Hkv, D]``
-cache with :func:`jax.nn.dot_product_attention`, the baseline the end-to-end benchmark compares
-against.
+:func:`jax_flash.paged_attention`. Decode steps rotate q and k inside the cache write
+(:func:`jax_flash.append_kv` with ``positions``/``rope``/``q``: one kernel, the same bits as
+apply_rope then append_kv); prefill needs the rotated keys for its own attention, so it rotates
+with :func:`jax_flash.apply_rope` and then appends. `Dense` runs the same layer over a dense
+``[B, S_max, Hkv, D]`` cache with :func:`jax.nn.dot_product_attention`, the baseline the
+end-to-end benchmark compares against.
 
 The cache state (`KVCache`: pages of every layer, block tables, lengths) is a pytree of device
 arrays, so a jitted decode step or loop takes it as a donated argument and updates it in place.
@@ -243,17 +246,14 @@ class Attention(nnx.Module):
     def _window(self):
         return None if self.sliding_window is None else (self.sliding_window - 1, None)
 
-    def _rope(self, x, positions):
+    def _rope_options(self) -> dict:
         scaling = None if self.rope_scaling is None else dict(self.rope_scaling)
-        return apply_rope(
-            x,
-            positions,
-            style="neox",
-            rotary_dim=self.rotary_dim,
-            theta=self.rope_theta,
-            scaling=scaling,
-            implementation=self.attention_impl,
+        return dict(
+            style="neox", rotary_dim=self.rotary_dim, theta=self.rope_theta, scaling=scaling
         )
+
+    def _rope(self, x, positions):
+        return apply_rope(x, positions, **self._rope_options(), implementation=self.attention_impl)
 
     def __call__(self, x, positions, kv, batch):
         """Attention of new tokens, with their k/v appended to the cache.
@@ -274,12 +274,38 @@ class Attention(nnx.Module):
         q = self.q_proj(x).reshape(*lead, self.num_heads, self.head_dim)
         k = self.k_proj(x).reshape(*lead, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).reshape(*lead, self.num_kv_heads, self.head_dim)
-        q, k = self._rope(q, positions), self._rope(k, positions)
         impl = self.attention_impl
+        heads = (-1, self.num_kv_heads, self.head_dim)
+        if isinstance(batch, Decode):
+            # The decode step reads k from the cache only: RoPE of q and k fused into the cache
+            # write (one kernel; the same bits as apply_rope then append_kv).
+            q_rot, k_pages, v_pages = append_kv(
+                *kv,
+                k.reshape(heads),
+                v.reshape(heads),
+                batch.slots.reshape(-1),
+                positions=jnp.broadcast_to(jnp.asarray(positions), lead).reshape(-1),
+                rope=self._rope_options(),
+                q=q.reshape(-1, self.num_heads, self.head_dim),
+                implementation=impl,
+            )
+            o = paged_attention(
+                q_rot.reshape(q.shape),
+                k_pages,
+                v_pages,
+                batch.block_tables,
+                batch.kv_lens,
+                causal=True,
+                softmax_scale=self.softmax_scale,
+                sliding_window=self._window(),
+                implementation=impl,
+            )
+            return self.o_proj(o.reshape(*lead, self.num_heads * self.head_dim)), (k_pages, v_pages)
+        # Prefill attends to the rotated k itself (not through the cache): rotate, then append.
+        q, k = self._rope(q, positions), self._rope(k, positions)
         if isinstance(batch, Dense):
             o, kv = self._dense(q, k, v, kv, batch)
         else:
-            heads = (-1, self.num_kv_heads, self.head_dim)
             k_pages, v_pages = append_kv(
                 *kv,
                 k.reshape(heads),
@@ -295,18 +321,6 @@ class Attention(nnx.Module):
                     v,
                     batch.cu_seqlens,
                     batch.cu_seqlens,
-                    causal=True,
-                    softmax_scale=self.softmax_scale,
-                    sliding_window=self._window(),
-                    implementation=impl,
-                )
-            elif isinstance(batch, Decode):
-                o = paged_attention(
-                    q,
-                    k_pages,
-                    v_pages,
-                    batch.block_tables,
-                    batch.kv_lens,
                     causal=True,
                     softmax_scale=self.softmax_scale,
                     sliding_window=self._window(),

@@ -397,6 +397,20 @@ def apply_rope(x, positions, inv_freq, *, style: str = "neox", rotary_dim: int |
     return jnp.concatenate([out, rest], axis=-1).astype(x.dtype)
 
 
+def append_kv_rope(
+    k_pages, v_pages, k_new, v_new, slot_mapping, positions, inv_freq, *, style="neox",
+    rotary_dim=None, q=None, k_scale=None, v_scale=None,
+):  # fmt: skip
+    """append_kv with RoPE fused in (cuda/include/jax_flash/kv_cache_rope_params.h): by
+    definition :func:`apply_rope` of k_new (and q) at positions [T], then :func:`append_kv` of
+    the rotated keys. Returns ``(q_rot or None, k_pages, v_pages, k_scale, v_scale)``."""
+    rope = dict(style=style, rotary_dim=rotary_dim)
+    k_rot = apply_rope(k_new, positions, inv_freq, **rope)
+    q_rot = None if q is None else apply_rope(q, positions, inv_freq, **rope)
+    out = append_kv(k_pages, v_pages, k_rot, v_new, slot_mapping, k_scale=k_scale, v_scale=v_scale)
+    return (q_rot, *out)
+
+
 # ---------------------------------------------------------------------------------------------
 # Sampling (semantics: cuda/include/jax_flash/sampling_params.h)
 

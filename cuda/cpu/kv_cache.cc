@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "jax_flash/numeric.h"
+#include "rope.h"  // apply_rope_cpu, apply_rope_cpu_range
 #include "thread_pool.h"
 
 namespace jax_flash {
@@ -67,14 +69,15 @@ void quantize_row(const typename In<DT>::T* src, typename Quant<CT>::T* dst, int
   for (int d = 0; d < n; ++d) dst[d] = Q::quantize(In<DT>::load(src[d]), scale);
 }
 
-// Writes token t into slot s (validated), every kv head, K and V.
+// Writes token t into slot s (validated), every kv head, K and V. k_row is token t's K row
+// [Hkv, D] in the input dtype: k_new's own, or its rotated copy (append_kv_rope_cpu).
 template <DType DT, CacheDType CT>
-void write_token_quantized(const AppendKVParams& p, int64_t t, int64_t s) {
+void write_token_quantized(const AppendKVParams& p, const void* k_row, int64_t t, int64_t s) {
   using TI = typename In<DT>::T;
   using TQ = typename Quant<CT>::T;
   const bool per_token = p.scale_mode == ScaleMode::kPerToken;
   const int64_t H = p.num_heads_k, D = p.head_dim, Dv = p.head_dim_v;
-  const TI* k = static_cast<const TI*>(p.k_new) + t * H * D;
+  const TI* k = static_cast<const TI*>(k_row);
   const TI* v = static_cast<const TI*>(p.v_new) + t * H * Dv;
   TQ* kc = static_cast<TQ*>(p.k_pages) + s * H * D;
   TQ* vc = static_cast<TQ*>(p.v_pages) + s * H * Dv;
@@ -86,17 +89,16 @@ void write_token_quantized(const AppendKVParams& p, int64_t t, int64_t s) {
   }
 }
 
-void write_token_plain(const AppendKVParams& p, int64_t t, int64_t s) {
+void write_token_plain(const AppendKVParams& p, const void* k_row, int64_t t, int64_t s) {
   const int64_t eb = cache_elem_bytes(p.cache_dtype);
   const int64_t kb = int64_t(p.num_heads_k) * p.head_dim * eb;
   const int64_t vb = int64_t(p.num_heads_k) * p.head_dim_v * eb;
-  std::memcpy(static_cast<char*>(p.k_pages) + s * kb,
-              static_cast<const char*>(p.k_new) + t * kb, static_cast<size_t>(kb));
+  std::memcpy(static_cast<char*>(p.k_pages) + s * kb, k_row, static_cast<size_t>(kb));
   std::memcpy(static_cast<char*>(p.v_pages) + s * vb,
               static_cast<const char*>(p.v_new) + t * vb, static_cast<size_t>(vb));
 }
 
-using WriteFn = void (*)(const AppendKVParams&, int64_t, int64_t);
+using WriteFn = void (*)(const AppendKVParams&, const void*, int64_t, int64_t);
 
 template <DType DT>
 WriteFn pick_quantized(CacheDType ct) {
@@ -114,9 +116,12 @@ bool same_type(DType d, CacheDType c) {
          (d == DType::kBFloat16 && c == CacheDType::kBFloat16);
 }
 
-}  // namespace
+int64_t in_elem_bytes(DType d) { return d == DType::kFloat32 ? 4 : 2; }
 
-void append_kv_cpu(const AppendKVParams& p) {
+// append_kv, with the keys rotated first when `rope` is given (then rope->heads is ignored:
+// each token's K row [Hkv, D] is rotated into a scratch row by apply_rope_cpu_range, the code
+// apply_rope runs, and written from there).
+void append(const AppendKVParams& p, const RopeParams* rope) {
   if (p.num_tokens <= 0 || p.num_heads_k <= 0 || p.head_dim <= 0 || p.head_dim_v <= 0 ||
       p.num_pages <= 0 || p.page_size <= 0)
     return;
@@ -136,24 +141,52 @@ void append_kv_cpu(const AppendKVParams& p) {
 
   const int64_t num_slots = int64_t(p.num_pages) * p.page_size;
   const int64_t T = p.num_tokens;
+  const int64_t k_row_bytes = int64_t(p.num_heads_k) * p.head_dim * in_elem_bytes(p.dtype);
   // Work item w writes the tokens whose slot is w modulo the item count, in token order: every
   // slot is written by one thread, in order, so the last token of a slot wins however the work
   // is spread.
   const int64_t elems = T * p.num_heads_k * (int64_t(p.head_dim) + p.head_dim_v);
+  const int64_t per_item = quantized || rope != nullptr ? 16384 : 65536;
   const int64_t items = std::max<int64_t>(
-      1, std::min<int64_t>({elems / (quantized ? 16384 : 65536),
-                            4 * int64_t(cpu::ThreadPool::get().num_threads()), num_slots}));
+      1, std::min<int64_t>({elems / per_item, 4 * int64_t(cpu::ThreadPool::get().num_threads()),
+                            num_slots}));
   auto body = [&](int64_t w) {
+    std::vector<unsigned char> rotated;  // this item's scratch K row (rope only)
+    RopeParams rk{};
+    if (rope != nullptr) {
+      rotated.resize(static_cast<size_t>(k_row_bytes));
+      rk = *rope;
+      rk.heads = p.num_heads_k;
+      rk.tokens = 1;
+      rk.out = rotated.data();
+    }
     for (int64_t t = 0; t < T; ++t) {
       const int64_t s = p.slot_mapping[t];
       if (s < 0 || s >= num_slots || s % items != w) continue;
-      write(p, t, s);
+      const void* k_row = static_cast<const char*>(p.k_new) + t * k_row_bytes;
+      if (rope != nullptr) {
+        rk.x = k_row;
+        rk.positions = rope->positions + t;
+        apply_rope_cpu_range(rk, 0, 1);
+        k_row = rotated.data();
+      }
+      write(p, k_row, t, s);
     }
   };
   if (items == 1)
     body(0);
   else
     cpu::parallel_for(items, body);
+}
+
+}  // namespace
+
+void append_kv_cpu(const AppendKVParams& p) { append(p, nullptr); }
+
+void append_kv_rope_cpu(const AppendKVRopeParams& p) {
+  if (!rope_append_consistent(p) || p.kv.num_tokens <= 0) return;
+  if (p.rope.heads > 0) apply_rope_cpu(p.rope);  // the queries: apply_rope itself
+  append(p.kv, &p.rope);
 }
 
 void copy_pages_cpu(const CopyPagesParams& p) {

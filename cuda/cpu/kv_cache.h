@@ -3,6 +3,7 @@
 // through jax_flash/numeric.h).
 #pragma once
 
+#include "jax_flash/kv_cache_rope_params.h"
 #include "jax_flash/paged_params.h"
 
 namespace jax_flash {
@@ -13,6 +14,13 @@ namespace jax_flash {
 // last of them wins. Work is spread over the shared CPU thread pool (cpu/thread_pool.h).
 // Never throws; parameters that cannot describe a valid call make it return without writing.
 void append_kv_cpu(const AppendKVParams& p);
+
+// The fused RoPE + cache write (jax_flash/kv_cache_rope_params.h): rotates the queries with
+// apply_rope_cpu (when p.rope.heads > 0), then writes as append_kv_cpu, each written token's K
+// row first rotated by apply_rope_cpu_range (cpu/rope.h) into a scratch row of its work item.
+// Both run apply_rope's own code, so the results equal apply_rope then append_kv bit for bit.
+// Never throws; parameters that are not rope_append_consistent make it return without writing.
+void append_kv_rope_cpu(const AppendKVRopeParams& p);
 
 // Copies page src[i] to page dst[i] (K, V and, when k_scale / v_scale are set, the per-token
 // scales), skipping pairs with an id outside [0, num_pages) and pairs with src == dst.

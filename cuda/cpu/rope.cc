@@ -3,7 +3,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <vector>
 
 #include "dtype_io.h"
 #include "thread_pool.h"
@@ -18,13 +17,16 @@ int64_t tokens_per_task(const RopeParams& p) {
   return n > 0 ? n : 1;
 }
 
+bool valid(const RopeParams& p) {
+  return p.heads >= 0 && p.head_dim > 0 && p.rotary_dim >= 2 && p.rotary_dim % 2 == 0 &&
+         p.rotary_dim <= p.head_dim && p.rotary_dim <= kMaxRotaryDim;
+}
+
 template <DType DT, RopeStyle kStyle>
 void rope_tokens(const RopeParams& p, int64_t t0, int64_t t1) {
   using E = cpu::Elem<DT>;
   const int32_t half = p.rotary_dim / 2, D = p.head_dim;
-  std::vector<float> cs(2 * static_cast<size_t>(half));  // cos, then sin, per pair
-  float* cosv = cs.data();
-  float* sinv = cs.data() + half;
+  float cosv[kMaxRotaryDim / 2], sinv[kMaxRotaryDim / 2];  // per pair
   for (int64_t t = t0; t < t1; ++t) {
     for (int32_t i = 0; i < half; ++i) {
       const float a = rope::angle(p.positions[t], p.inv_freq[i]);
@@ -49,30 +51,33 @@ void rope_tokens(const RopeParams& p, int64_t t0, int64_t t1) {
 }
 
 template <DType DT>
-void run(const RopeParams& p) {
-  const int64_t chunk = tokens_per_task(p);
-  const int64_t tasks = (p.tokens + chunk - 1) / chunk;
-  auto task = [&](int64_t k) {
-    const int64_t t0 = k * chunk, t1 = t0 + chunk < p.tokens ? t0 + chunk : p.tokens;
-    if (p.style == RopeStyle::kNeox)
-      rope_tokens<DT, RopeStyle::kNeox>(p, t0, t1);
-    else
-      rope_tokens<DT, RopeStyle::kGptj>(p, t0, t1);
-  };
-  cpu::parallel_for(tasks, task);
+void range(const RopeParams& p, int64_t t0, int64_t t1) {
+  if (p.style == RopeStyle::kNeox)
+    rope_tokens<DT, RopeStyle::kNeox>(p, t0, t1);
+  else
+    rope_tokens<DT, RopeStyle::kGptj>(p, t0, t1);
 }
 
 }  // namespace
 
-void apply_rope_cpu(const RopeParams& p) {
-  if (p.tokens <= 0 || p.heads <= 0 || p.head_dim <= 0 || p.rotary_dim < 2 ||
-      p.rotary_dim % 2 != 0 || p.rotary_dim > p.head_dim || p.rotary_dim > kMaxRotaryDim)
-    return;
+void apply_rope_cpu_range(const RopeParams& p, int64_t t0, int64_t t1) {
+  if (!valid(p) || t0 < 0 || t1 > p.tokens || t0 >= t1) return;
   switch (p.dtype) {
-    case DType::kFloat32: run<DType::kFloat32>(p); break;
-    case DType::kFloat16: run<DType::kFloat16>(p); break;
-    case DType::kBFloat16: run<DType::kBFloat16>(p); break;
+    case DType::kFloat32: range<DType::kFloat32>(p, t0, t1); break;
+    case DType::kFloat16: range<DType::kFloat16>(p, t0, t1); break;
+    case DType::kBFloat16: range<DType::kBFloat16>(p, t0, t1); break;
   }
+}
+
+void apply_rope_cpu(const RopeParams& p) {
+  if (p.tokens <= 0 || p.heads <= 0 || !valid(p)) return;
+  const int64_t chunk = tokens_per_task(p);
+  const int64_t tasks = (p.tokens + chunk - 1) / chunk;
+  auto task = [&](int64_t k) {
+    const int64_t t0 = k * chunk, t1 = t0 + chunk < p.tokens ? t0 + chunk : p.tokens;
+    apply_rope_cpu_range(p, t0, t1);
+  };
+  cpu::parallel_for(tasks, task);
 }
 
 }  // namespace jax_flash

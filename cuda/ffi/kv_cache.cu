@@ -1,12 +1,14 @@
-// XLA FFI handlers: jax_flash_append_kv_cuda, jax_flash_copy_pages_cuda. The cache arguments
-// are aliased to the results (input_output_aliases): the kernels update the result buffers in
-// place. Never synchronize the stream and never allocate, so XLA may capture them in a CUDA
-// graph.
+// XLA FFI handlers: jax_flash_append_kv_cuda, jax_flash_append_kv_rope_cuda (append_kv with the
+// fused RoPE), jax_flash_copy_pages_cuda. The cache arguments are aliased to the results
+// (input_output_aliases): the kernels update the result buffers in place. Never synchronize the
+// stream and never allocate, so XLA may capture them in a CUDA graph.
 #include <cuda_runtime.h>
 
 #include <string>
 
 #include "jax_flash/kv_cache.cuh"
+#include "jax_flash/kv_cache_rope.cuh"
+#include "kv_cache_rope_common.h"
 #include "paged_common.h"
 #include "registry.h"
 
@@ -49,6 +51,28 @@ static ffi::Error AppendKVCuda(cudaStream_t stream, ffi::AnyBuffer k_pages, ffi:
   return ffi::Error::Success();
 }
 
+static ffi::Error AppendKVRopeCuda(
+    cudaStream_t stream, ffi::AnyBuffer k_pages, ffi::AnyBuffer v_pages,
+    ffi::Buffer<ffi::F32> k_scale, ffi::Buffer<ffi::F32> v_scale, ffi::AnyBuffer k_new,
+    ffi::AnyBuffer v_new, ffi::Buffer<ffi::S32> slot_mapping, ffi::Buffer<ffi::S32> positions,
+    ffi::AnyBuffer q, ffi::Result<ffi::AnyBuffer> k_out, ffi::Result<ffi::AnyBuffer> v_out,
+    ffi::Result<ffi::Buffer<ffi::F32>> ks_out, ffi::Result<ffi::Buffer<ffi::F32>> vs_out,
+    ffi::Result<ffi::AnyBuffer> q_out, int32_t scale_mode, int32_t style, int32_t rotary_dim,
+    ffi::Span<const float> inv_freq) {
+  AppendKVRopeParams p;
+  ffi::Error err = make_append_rope_params(
+      k_pages, v_pages, k_scale, v_scale, k_new, v_new, slot_mapping, positions, q, *k_out, *v_out,
+      *ks_out, *vs_out, *q_out, scale_mode, style, rotary_dim, inv_freq, &p);
+  if (err.failure()) return err;
+  AliasCopy c[4];
+  cudaError_t status = copy_unaliased(
+      c, unaliased(k_pages, v_pages, k_scale, v_scale, *k_out, *v_out, *ks_out, *vs_out, c),
+      stream);
+  if (status == cudaSuccess) status = append_kv_rope_cuda(p, stream);
+  if (status != cudaSuccess) return cuda_error("append_kv", status);
+  return ffi::Error::Success();
+}
+
 static ffi::Error CopyPagesCuda(cudaStream_t stream, ffi::AnyBuffer k_pages, ffi::AnyBuffer v_pages,
                                 ffi::Buffer<ffi::F32> k_scale, ffi::Buffer<ffi::F32> v_scale,
                                 ffi::Buffer<ffi::S32> src, ffi::Buffer<ffi::S32> dst,
@@ -77,10 +101,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
     {xla::ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxFlashAppendKVRopeCuda, jax_flash::paged_ffi::AppendKVRopeCuda,
+    jax_flash::paged_ffi::append_kv_rope_binding(
+        xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
+    {xla::ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxFlashCopyPagesCuda, jax_flash::paged_ffi::CopyPagesCuda,
     jax_flash::paged_ffi::copy_pages_binding(
         xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
     {xla::ffi::Traits::kCmdBufferCompatible});
 
 JAX_FLASH_REGISTER_FFI("jax_flash_append_kv_cuda", JaxFlashAppendKVCuda);
+JAX_FLASH_REGISTER_FFI("jax_flash_append_kv_rope_cuda", JaxFlashAppendKVRopeCuda);
 JAX_FLASH_REGISTER_FFI("jax_flash_copy_pages_cuda", JaxFlashCopyPagesCuda);

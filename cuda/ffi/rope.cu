@@ -13,7 +13,7 @@ static ffi::Error ApplyRopeCuda(cudaStream_t stream, ffi::AnyBuffer x,
                                 int32_t style, int32_t rotary_dim,
                                 ffi::Span<const float> inv_freq) {
   RopeParams p;
-  ffi::Error err = make_rope_params(x, positions, out, style, rotary_dim, inv_freq, &p);
+  ffi::Error err = make_rope_params(x, positions, *out, style, rotary_dim, inv_freq, &p);
   if (err.failure()) return err;
   const cudaError_t status = run_rope(p, stream);
   if (status != cudaSuccess)

@@ -12,8 +12,8 @@ namespace jax_flash::ffi_impl {
 
 namespace ffi = xla::ffi;
 
-inline ffi::Error rope_invalid(const std::string& msg) {
-  return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jax_flash.apply_rope: " + msg);
+inline ffi::Error rope_invalid(const std::string& msg, const char* op = "apply_rope") {
+  return ffi::Error(ffi::ErrorCode::kInvalidArgument, std::string("jax_flash.") + op + ": " + msg);
 }
 
 inline std::string rope_dims_str(ffi::Span<const int64_t> dims) {
@@ -24,39 +24,41 @@ inline std::string rope_dims_str(ffi::Span<const int64_t> dims) {
 
 // Buffers: x [T, H, D] float32 | float16 | bfloat16, positions [T] int32 -> out [T, H, D]
 // (dtype of x). Attributes: style (0 NeoX, 1 GPT-J), rotary_dim (even, 2..min(D, 512)),
-// inv_freq [rotary_dim / 2] float32.
-inline ffi::Error make_rope_params(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> positions,
-                                   ffi::Result<ffi::AnyBuffer> out, int32_t style,
-                                   int32_t rotary_dim, ffi::Span<const float> inv_freq,
-                                   RopeParams* p) {
+// inv_freq [rotary_dim / 2] float32. `op` names the call in the messages (the fused RoPE +
+// append decodes its queries and rotation with this function too, as append_kv).
+inline ffi::Error make_rope_params(const ffi::AnyBuffer& x,
+                                   const ffi::Buffer<ffi::S32>& positions,
+                                   const ffi::AnyBuffer& out, int32_t style, int32_t rotary_dim,
+                                   ffi::Span<const float> inv_freq, RopeParams* p,
+                                   const char* op = "apply_rope") {
   const auto xd = x.dimensions();
-  if (xd.size() != 3) return rope_invalid("x must be [T, H, D], got " + rope_dims_str(xd));
-  if (positions.element_count() != xd[0])
+  if (xd.size() != 3) return rope_invalid("x must be [T, H, D], got " + rope_dims_str(xd), op);
+  if (static_cast<int64_t>(positions.element_count()) != xd[0])
     return rope_invalid("positions must be [T] with T = " + std::to_string(xd[0]) + ", got " +
-                        rope_dims_str(positions.dimensions()));
+                        rope_dims_str(positions.dimensions()), op);
   if (rotary_dim < 2 || rotary_dim % 2 != 0 || rotary_dim > xd[2] || rotary_dim > kMaxRotaryDim)
     return rope_invalid("rotary_dim must be even and in [2, min(D, " +
                         std::to_string(kMaxRotaryDim) + ")] with D = " + std::to_string(xd[2]) +
-                        ", got " + std::to_string(rotary_dim));
+                        ", got " + std::to_string(rotary_dim), op);
   if (static_cast<int64_t>(inv_freq.size()) != rotary_dim / 2)
     return rope_invalid("inv_freq must have rotary_dim / 2 = " + std::to_string(rotary_dim / 2) +
-                        " values, got " + std::to_string(inv_freq.size()));
-  if (style != 0 && style != 1) return rope_invalid("style must be 0 (neox) or 1 (gptj)");
-  const auto od = out->dimensions();
+                        " values, got " + std::to_string(inv_freq.size()), op);
+  if (style != 0 && style != 1) return rope_invalid("style must be 0 (neox) or 1 (gptj)", op);
+  const auto od = out.dimensions();
   if (od.size() != 3 || od[0] != xd[0] || od[1] != xd[1] || od[2] != xd[2] ||
-      out->element_type() != x.element_type())
-    return rope_invalid("out must have x's shape and dtype, got " + rope_dims_str(od));
-  if (xd[1] > INT32_MAX || xd[2] > INT32_MAX) return rope_invalid("more than 2^31-1 heads");
+      out.element_type() != x.element_type())
+    return rope_invalid("out must have x's shape and dtype, got " + rope_dims_str(od), op);
+  if (xd[1] > INT32_MAX || xd[2] > INT32_MAX) return rope_invalid("more than 2^31-1 heads", op);
   switch (x.element_type()) {
     case ffi::F32: p->dtype = DType::kFloat32; break;
     case ffi::F16: p->dtype = DType::kFloat16; break;
     case ffi::BF16: p->dtype = DType::kBFloat16; break;
-    default: return rope_invalid("x must be float32, float16 or bfloat16");
+    default: return rope_invalid("x must be float32, float16 or bfloat16", op);
   }
   p->x = x.untyped_data();
   p->positions = positions.typed_data();
   for (int32_t i = 0; i < rotary_dim / 2; ++i) p->inv_freq[i] = inv_freq[i];
-  p->out = out->untyped_data();
+  p->out = out.untyped_data();
   p->tokens = xd[0];
   p->heads = static_cast<int32_t>(xd[1]);
   p->head_dim = static_cast<int32_t>(xd[2]);

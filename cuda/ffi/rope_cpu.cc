@@ -9,7 +9,7 @@ static ffi::Error ApplyRopeCpu(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> positions
                                ffi::Result<ffi::AnyBuffer> out, int32_t style, int32_t rotary_dim,
                                ffi::Span<const float> inv_freq) {
   RopeParams p;
-  ffi::Error err = make_rope_params(x, positions, out, style, rotary_dim, inv_freq, &p);
+  ffi::Error err = make_rope_params(x, positions, *out, style, rotary_dim, inv_freq, &p);
   if (err.failure()) return err;
   apply_rope_cpu(p);
   return ffi::Error::Success();

@@ -3,13 +3,26 @@ slot arithmetic and a `checkify` debug check of block tables and lengths."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import checkify
 
 from .. import reference
-from ..primitives.kv_cache import CacheConfig, append_kv_p, copy_pages_p
+from ..primitives.kv_cache import (
+    CacheConfig,
+    RopeCacheConfig,
+    append_kv_p,
+    append_kv_rope_p,
+    copy_pages_p,
+)
+from ..primitives.rope import MAX_ROTARY_DIM
 from . import _checks
 from .paged_attention import check_cache
+from .rope import rope_options
+
+ROPE_KEYS = ("style", "rotary_dim", "theta", "scaling")
 
 
 def _bind(p, op, k_pages, v_pages, k_scale, v_scale, extra, implementation):
@@ -36,9 +49,13 @@ def append_kv(
     *,
     k_scale=None,
     v_scale=None,
+    positions=None,
+    rope: dict | None = None,
+    q=None,
     implementation: str | None = None,
 ):
-    """Write new keys and values into a paged cache, in place.
+    """Write new keys and values into a paged cache, in place; optionally rotate the keys (and
+    queries) by RoPE in the same kernel first.
 
     Parameters
     ----------
@@ -49,12 +66,27 @@ def append_kv(
     slot_mapping : int32 ``[T]``: row ``t`` goes to page ``slot // page_size`` at offset
         ``slot % page_size``. Slots that are negative or ``>= num_pages * page_size`` are skipped
         (use -1 for padding rows).
+    positions : int ``[T]``, optional
+        Fused RoPE: each new token's position (any values, as :func:`jax_flash.apply_rope`).
+        Needs ``rope``.
+    rope : dict or None
+        Fused RoPE: :func:`jax_flash.apply_rope`'s options ``style``, ``rotary_dim``, ``theta``,
+        ``scaling`` (any subset; ``{}`` = its defaults). With ``positions`` and ``rope`` the
+        keys written are ``apply_rope(k_new, positions, **rope)``, rotated in the cache-write
+        kernel itself (the rotated keys never go through memory outside the cache), with the
+        same bits as ``apply_rope`` followed by ``append_kv`` on every platform, quantized
+        caches included.
+    q : ``[T, Hq, D]`` (k_new's dtype, ``Hq % Hkv == 0``), optional
+        Fused RoPE: queries rotated in the same kernel, returned first; every row is rotated,
+        skipped slots included.
 
     Returns
     -------
-    ``(k_pages, v_pages)``, or ``(k_pages, v_pages, k_scale, v_scale)`` for a quantized cache.
-    The FFI call aliases each cache input to its output: under ``jax.jit`` with the cache
-    arguments donated (``donate_argnums``) XLA updates the cache where it lies, with no copy.
+    ``(k_pages, v_pages)``, or ``(k_pages, v_pages, k_scale, v_scale)`` for a quantized cache;
+    with ``q`` given, ``apply_rope(q, positions, **rope)`` comes first: ``(q_rot, k_pages,
+    v_pages[, k_scale, v_scale])``. The FFI call aliases each cache input to its output: under
+    ``jax.jit`` with the cache arguments donated (``donate_argnums``) XLA updates the cache
+    where it lies, with no copy.
 
     Examples
     --------
@@ -65,6 +97,15 @@ def append_kv(
     >>> k_pages, v_pages = write(k_pages, v_pages + 0, k_new, v_new, jnp.array([0, 1, 40]))
     >>> float(k_pages[2, 8, 0, 0])  # slot 40 = page 2, offset 8
     1.0
+
+    Fused RoPE (a decode step: q and k rotated, k written, in one kernel):
+
+    >>> q = jnp.ones((3, 4, 64), jnp.float16)
+    >>> q_rot, k_pages, v_pages = jax_flash.append_kv(
+    ...     k_pages, v_pages, k_new, v_new, jnp.array([0, 1, 40]),
+    ...     positions=jnp.array([7, 8, 9]), rope={"theta": 500000.0}, q=q)
+    >>> bool((q_rot == jax_flash.apply_rope(q, jnp.array([7, 8, 9]), theta=500000.0)).all())
+    True
     """
     op = "append_kv"
     _checks.array_arg(op, "k_new", k_new, 3, "[T, Hkv, D]")
@@ -81,10 +122,88 @@ def append_kv(
             f"do not match the pages {tuple(k_pages.shape)}/{tuple(v_pages.shape)}"
         )
     slot_mapping = _checks.int_vector(op, "slot_mapping", slot_mapping, T)
-    return _bind(
-        append_kv_p, op, k_pages, v_pages, k_scale, v_scale,
-        (k_new, v_new, slot_mapping), implementation,
+    if positions is None and rope is None:
+        if q is not None:
+            raise ValueError(
+                f"{op}: q is only taken with the fused RoPE; pass positions= and rope= too "
+                "(rope={} for apply_rope's defaults)"
+            )
+        return _bind(
+            append_kv_p, op, k_pages, v_pages, k_scale, v_scale,
+            (k_new, v_new, slot_mapping), implementation,
+        )  # fmt: skip
+    return _append_rope(
+        op, k_pages, v_pages, k_new, v_new, slot_mapping, k_scale, v_scale, positions, rope, q,
+        implementation,
     )  # fmt: skip
+
+
+def _append_rope(
+    op, k_pages, v_pages, k_new, v_new, slot_mapping, k_scale, v_scale, positions, rope, q,
+    implementation,
+):  # fmt: skip
+    """append_kv with the fused RoPE: checks, then the primitive or the jnp reference."""
+    if rope is None:
+        raise ValueError(
+            f"{op}: positions is given but rope is None; pass rope= (a dict of apply_rope's "
+            "options, {} for its defaults) to rotate the keys, or drop positions"
+        )
+    if positions is None:
+        raise ValueError(f"{op}: rope is given but positions is None; pass positions [T] (int)")
+    if not isinstance(rope, Mapping):
+        raise TypeError(
+            f"{op}: rope must be a dict of apply_rope's options {list(ROPE_KEYS)}, got "
+            f"{type(rope).__name__}"
+        )
+    unknown = sorted(set(rope) - set(ROPE_KEYS))
+    if unknown:
+        raise ValueError(
+            f"{op}: rope has unknown keys {unknown}; apply_rope's options are {list(ROPE_KEYS)}"
+        )
+    T, Hkv, D = k_new.shape
+    positions = _checks.int_vector(op, "positions", positions, T)
+    style = rope.get("style", "neox")
+    rd, inv_freq = rope_options(
+        op, D, style=style, rotary_dim=rope.get("rotary_dim"),
+        theta=rope.get("theta", 10000.0), scaling=rope.get("scaling"),
+        key=lambda name: f"rope[{name!r}]", where=f"k_new {tuple(k_new.shape)}",
+    )  # fmt: skip
+    if q is not None:
+        _checks.array_arg(op, "q", q, 3, "[T, Hq, D]")
+        if q.dtype != k_new.dtype:
+            raise TypeError(f"{op}: q has dtype {q.dtype}, expected k_new's {k_new.dtype}")
+        if q.shape[0] != T or q.shape[2] != D:
+            raise ValueError(
+                f"{op}: q must have shape [T, Hq, D] = [{T}, Hq, {D}] (k_new {tuple(k_new.shape)}),"
+                f" got {tuple(q.shape)}"
+            )
+        _checks.heads(op, q.shape[1], Hkv)
+    mode = check_cache(op, k_pages, v_pages, k_scale, v_scale)
+    _checks.implementation(op, implementation)
+    quantized = k_scale is not None
+    if implementation == "xla":
+        q_rot, *caches = reference.append_kv_rope(
+            k_pages, v_pages, k_new, v_new, slot_mapping, positions, inv_freq, style=style,
+            rotary_dim=rd, q=q, k_scale=k_scale, v_scale=v_scale,
+        )  # fmt: skip
+    else:
+        if rd > MAX_ROTARY_DIM:
+            raise ValueError(
+                f"{op}: the native kernels take rope['rotary_dim'] up to {MAX_ROTARY_DIM}, got "
+                f"{rd}; use implementation='xla'"
+            )
+        empty = jnp.zeros((0,), jnp.float32)
+        ks = k_scale if quantized else empty
+        vs = v_scale if quantized else empty
+        q_in = jnp.zeros((T, 0, D), k_new.dtype) if q is None else q
+        config = RopeCacheConfig(
+            mode, style, rd, tuple(float(v) for v in np.asarray(inv_freq)), implementation
+        )
+        *caches, q_rot = append_kv_rope_p.bind(
+            k_pages, v_pages, ks, vs, k_new, v_new, slot_mapping, positions, q_in, config=config
+        )
+    caches = tuple(caches) if quantized else tuple(caches[:2])
+    return caches if q is None else (q_rot, *caches)
 
 
 def copy_pages(k_pages, v_pages, src, dst, *, k_scale=None, v_scale=None, implementation=None):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import os
+
 import jax
 import jax.numpy as jnp
 
@@ -72,20 +75,47 @@ def _sm_count() -> int:
     return int(getattr(dev, "core_count", 0) or _DEFAULT_SM_COUNT)
 
 
-def default_num_splits(
-    batch: int, num_heads_k: int, group: int, seqlen_q: int, capacity: int
-) -> int:
-    """Split count for a CUDA decode call (the CPU kernel splits on its own).
+_PAGED_MMA_MIN_ROWS = 4  # paged::kPagedMmaMinRows (cuda/include/jax_flash/paged_attention.cuh)
 
-    The CUDA kernel runs one CTA per (sequence, kv head, split, chunk of <= 16 query rows of the
-    group); two 4-8-row CTAs (or one 16-row CTA) fit an SM. Aim for about one wave: no split if
-    the CTAs already fill 80% of the slots, else the largest power of two that fills them, with
-    at least 128 keys per split. Measured best on an H100 for bf16 GQA-4 (B=1 -> 32, 2 -> 16,
-    4 -> 8, 8 -> 4, 16 -> 2, >= 32 -> 1)."""
+
+@functools.cache
+def _paged_mma_mode() -> int:
+    """JAX_FLASH_PAGED_MMA, read once as the CUDA library does: "0" never, "1" whenever
+    supported, anything else the default heuristic (-1)."""
+    v = os.environ.get("JAX_FLASH_PAGED_MMA")
+    return 0 if v == "0" else 1 if v == "1" else -1
+
+
+def default_num_splits(
+    batch: int,
+    num_heads_k: int,
+    group: int,
+    seqlen_q: int,
+    capacity: int,
+    head_dim: int = 128,
+    mma_ok: bool = False,
+) -> int:
+    """Split count for a CUDA decode call (the CPU kernel splits on its own); mirrors
+    paged_num_splits_heuristic in cuda/include/jax_flash/paged_attention.cuh.
+
+    The CUDA-core kernel runs one CTA per (sequence, kv head, split, chunk of <= 16 query rows of
+    the group); two 4-8-row CTAs (or one 16-row CTA) fit an SM. The tensor-core kernel (16-bit
+    caches of q's dtype, `mma_ok`, taken from 4 query rows per kv head or as JAX_FLASH_PAGED_MMA
+    says) runs 16-row CTAs, 3 / 2 / 1 per SM for head dims 64 / 128 / 256. Aim for about one
+    wave: no split if the CTAs already fill 80% of the slots, else the largest power of two that
+    fills them, with at least 128 keys per split. Measured best on an H100 for bf16 GQA-4 (B=1 ->
+    32, 2 -> 16, 4 -> 8, 8 -> 4, 16 -> 2, >= 32 -> 1)."""
     rows = group * seqlen_q
-    mt = 4 if rows <= 4 else 8 if rows <= 8 else 16
+    mode = _paged_mma_mode()
+    mma = mma_ok and (mode == 1 or (mode < 0 and rows >= _PAGED_MMA_MIN_ROWS))
+    if mma:
+        mt = 16
+        per_sm = 3 if head_dim <= 64 else 2 if head_dim <= 128 else 1
+    else:
+        mt = 4 if rows <= 4 else 8 if rows <= 8 else 16
+        per_sm = 2 if mt <= 8 else 1
     ctas = batch * num_heads_k * -(-rows // mt)
-    slots = _sm_count() * (2 if mt <= 8 else 1)
+    slots = _sm_count() * per_sm
     if ctas * 5 >= slots * 4:
         return 1
     s = min(slots // ctas, -(-capacity // 128))
@@ -181,7 +211,15 @@ def paged_attention(
     _checks.implementation(_OP, implementation)
     max_pages = block_tables.shape[1]
     if num_splits is None:
-        num_splits = default_num_splits(B, Hkv, Hq // Hkv, Sq, max_pages * page_size)
+        mma_ok = (
+            q4.dtype in (jnp.float16, jnp.bfloat16)
+            and k_pages.dtype == q4.dtype
+            and D == Dv
+            and D in (64, 128, 256)
+        )
+        num_splits = default_num_splits(
+            B, Hkv, Hq // Hkv, Sq, max_pages * page_size, head_dim=D, mma_ok=mma_ok
+        )
     elif int(num_splits) < 1:
         raise ValueError(f"{_OP}: num_splits must be >= 1, got {num_splits}")
     num_splits = int(min(int(num_splits), max(1, max_pages)))

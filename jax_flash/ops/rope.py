@@ -16,42 +16,43 @@ _OP = "apply_rope"
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
-def _positive(name: str, value) -> float:
+def _positive(name: str, value, op: str = _OP) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{_OP}: {name} must be a number, got {value!r}")
+        raise TypeError(f"{op}: {name} must be a number, got {value!r}")
     if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{_OP}: {name} must be finite and > 0, got {value!r}")
+        raise ValueError(f"{op}: {name} must be finite and > 0, got {value!r}")
     return float(value)
 
 
-def _check_scaling(scaling) -> dict | None:
+def _check_scaling(scaling, op: str = _OP, name: str = "scaling") -> dict | None:
     """The validated frequency scaling (None for none)."""
     if scaling is None:
         return None
     if not isinstance(scaling, Mapping):
-        raise TypeError(f"{_OP}: scaling must be None or a dict, got {type(scaling).__name__}")
+        raise TypeError(f"{op}: {name} must be None or a dict, got {type(scaling).__name__}")
     kind = scaling.get("type", scaling.get("rope_type"))
     if kind == "default":
         return None
     if kind == "linear":
-        return {"type": "linear", "factor": _positive("scaling['factor']", scaling.get("factor"))}
+        factor = _positive(f"{name}['factor']", scaling.get("factor"), op)
+        return {"type": "linear", "factor": factor}
     if kind == "llama3":
         missing = [k for k in _LLAMA3_KEYS if k not in scaling]
         if missing:
             raise ValueError(
-                f"{_OP}: llama3 scaling needs the keys {list(_LLAMA3_KEYS)}, missing {missing}"
+                f"{op}: llama3 {name} needs the keys {list(_LLAMA3_KEYS)}, missing {missing}"
             )
         out = {"type": "llama3"}
-        out.update({k: _positive(f"scaling[{k!r}]", scaling[k]) for k in _LLAMA3_KEYS})
+        out.update({k: _positive(f"{name}[{k!r}]", scaling[k], op) for k in _LLAMA3_KEYS})
         if out["high_freq_factor"] <= out["low_freq_factor"]:
             raise ValueError(
-                f"{_OP}: scaling['high_freq_factor'] ({out['high_freq_factor']}) must be greater "
-                f"than scaling['low_freq_factor'] ({out['low_freq_factor']})"
+                f"{op}: {name}['high_freq_factor'] ({out['high_freq_factor']}) must be greater "
+                f"than {name}['low_freq_factor'] ({out['low_freq_factor']})"
             )
         return out
     raise ValueError(
-        f"{_OP}: scaling['type'] must be 'default', 'linear' or 'llama3', got {kind!r} "
-        f"(scaling={dict(scaling)!r})"
+        f"{op}: {name}['type'] must be 'default', 'linear' or 'llama3', got {kind!r} "
+        f"({name}={dict(scaling)!r})"
     )
 
 
@@ -71,6 +72,29 @@ def _check_positions(x, positions):
             f"{tuple(positions.shape)}"
         )
     return positions
+
+
+def rope_options(
+    op, head_dim, *, style="neox", rotary_dim=None, theta=10000.0, scaling=None, key=None,
+    where="",
+):  # fmt: skip
+    """Checks apply_rope's options; returns ``(rotary_dim, inv_freq)``. ``key(name)`` names an
+    option in the messages (append_kv: ``rope['theta']``); ``where`` says whose D it is."""
+    key = key or (lambda name: name)
+    if style not in STYLES:
+        raise ValueError(f"{op}: {key('style')} must be 'neox' or 'gptj', got {style!r}")
+    D = head_dim
+    rd = D if rotary_dim is None else rotary_dim
+    if isinstance(rd, bool) or not isinstance(rd, (int, np.integer)):
+        raise TypeError(f"{op}: {key('rotary_dim')} must be an int or None, got {rotary_dim!r}")
+    rd = int(rd)
+    if rd < 2 or rd % 2 or rd > D:
+        raise ValueError(
+            f"{op}: {key('rotary_dim')} must be even and in [2, D={D}] ({where}), got {rd}"
+        )
+    theta = _positive(key("theta"), theta, op)
+    scaling = _check_scaling(scaling, op, key("scaling"))
+    return rd, reference.rope_inv_freq(rd, theta, scaling)
 
 
 def apply_rope(
@@ -137,21 +161,11 @@ def apply_rope(
         raise ValueError(f"{_OP}: x must have rank >= 3 [..., S, H, D], got shape {tuple(x.shape)}")
     _checks.float_dtype(_OP, "x", x)
     positions = _check_positions(x, positions)
-    if style not in STYLES:
-        raise ValueError(f"{_OP}: style must be 'neox' or 'gptj', got {style!r}")
-    D = x.shape[-1]
-    rd = D if rotary_dim is None else rotary_dim
-    if isinstance(rd, bool) or not isinstance(rd, (int, np.integer)):
-        raise TypeError(f"{_OP}: rotary_dim must be an int or None, got {rotary_dim!r}")
-    rd = int(rd)
-    if rd < 2 or rd % 2 or rd > D:
-        raise ValueError(
-            f"{_OP}: rotary_dim must be even and in [2, D={D}] (x {tuple(x.shape)}), got {rd}"
-        )
-    theta = _positive("theta", theta)
-    scaling = _check_scaling(scaling)
     _checks.implementation(_OP, implementation)
-    inv_freq = reference.rope_inv_freq(rd, theta, scaling)
+    rd, inv_freq = rope_options(
+        _OP, x.shape[-1], style=style, rotary_dim=rotary_dim, theta=theta, scaling=scaling,
+        where=f"x {tuple(x.shape)}",
+    )  # fmt: skip
 
     if implementation == "xla":
         return reference.apply_rope(x, positions, inv_freq, style=style, rotary_dim=rd)
@@ -162,7 +176,7 @@ def apply_rope(
         )
     if x.size == 0:
         return x
-    H = x.shape[-2]
+    H, D = x.shape[-2:]
     pos = jnp.broadcast_to(jnp.asarray(positions).astype(jnp.int32), x.shape[:-2]).reshape(-1)
     config = RopeConfig(style, rd, tuple(float(v) for v in inv_freq), implementation)
     (out,) = rope_p.bind(x.reshape(-1, H, D), pos, config=config)

@@ -1,26 +1,33 @@
-"""Cache-write primitives, in place: `jax_flash_append_kv` and `jax_flash_copy_pages`.
+"""Cache-write primitives, in place: `jax_flash_append_kv`, `jax_flash_append_kv_rope` (the
+cache write with RoPE fused in) and `jax_flash_copy_pages`.
 
-Both alias their four cache operands (k_pages, v_pages, k_scale, v_scale) to their four results,
-so that under `jit` with the cache donated XLA updates the cache where it lies, with no copy.
+All alias their four cache operands (k_pages, v_pages, k_scale, v_scale) to their first four
+results, so that under `jit` with the cache donated XLA updates the cache where it lies.
 
-    append_kv   operands k_pages, v_pages, k_scale, v_scale, k_new [T,Hkv,D], v_new [T,Hkv,Dv],
-                slot_mapping [T] int32
-    copy_pages  operands k_pages, v_pages, k_scale, v_scale, src [N] int32, dst [N] int32
-    results     k_pages, v_pages, k_scale, v_scale (updated)
+    append_kv       operands k_pages, v_pages, k_scale, v_scale, k_new [T,Hkv,D],
+                    v_new [T,Hkv,Dv], slot_mapping [T] int32
+    append_kv_rope  operands as append_kv, then positions [T] int32, q [T,Hq,D] (Hq = 0: no
+                    queries); one more result q_out [T,Hq,D]; attrs style, rotary_dim, inv_freq
+                    (static, in the config, as apply_rope's)
+    copy_pages      operands k_pages, v_pages, k_scale, v_scale, src [N] int32, dst [N] int32
+    results         k_pages, v_pages, k_scale, v_scale (updated)
 
-Layouts and rules (quantisation, skipped slots and ids): cuda/include/jax_flash/paged_params.h.
+Layouts and rules (quantisation, skipped slots and ids): cuda/include/jax_flash/paged_params.h;
+the fused RoPE: cuda/include/jax_flash/kv_cache_rope_params.h.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .. import reference
-from .._compat import NOT_MAPPED, batching
+from .._compat import NOT_MAPPED, ShapedArray, batching
 from ._common import batch_first, make_primitive, register_lowerings
+from .rope import STYLES
 
 _ALIASES = {0: 0, 1: 1, 2: 2, 3: 3}
 
@@ -31,7 +38,19 @@ class CacheConfig:
     implementation: str | None
 
 
+@dataclasses.dataclass(frozen=True)
+class RopeCacheConfig:
+    """append_kv_rope: the cache write's scale mode and apply_rope's static options."""
+
+    scale_mode: int  # 0 none, 1 per head, 2 per token
+    style: str  # "neox" | "gptj"
+    rotary_dim: int
+    inv_freq: tuple[float, ...]  # float32 values
+    implementation: str | None
+
+
 append_kv_p = make_primitive("jax_flash_append_kv")
+append_kv_rope_p = make_primitive("jax_flash_append_kv_rope")
 copy_pages_p = make_primitive("jax_flash_copy_pages")
 
 
@@ -40,7 +59,13 @@ def _cache_avals(kp, vp, ks, vs, *rest, config):
     return kp, vp, ks, vs
 
 
+def _rope_cache_avals(kp, vp, ks, vs, k_new, v_new, slots, positions, q, *, config):
+    del k_new, v_new, slots, positions, config
+    return kp, vp, ks, vs, ShapedArray(q.shape, q.dtype)
+
+
 append_kv_p.def_abstract_eval(_cache_avals)
+append_kv_rope_p.def_abstract_eval(_rope_cache_avals)
 copy_pages_p.def_abstract_eval(_cache_avals)
 
 
@@ -58,6 +83,24 @@ def _append_reference(kp, vp, ks, vs, k_new, v_new, slots, *, config):
     return [kp, vp, ks if sk is None else sk, vs if sv is None else sv]
 
 
+def _rope_attrs(config: RopeCacheConfig) -> dict:
+    return {
+        "scale_mode": np.int32(config.scale_mode),
+        "style": np.int32(STYLES[config.style]),
+        "rotary_dim": np.int32(config.rotary_dim),
+        "inv_freq": np.asarray(config.inv_freq, np.float32),
+    }
+
+
+def _append_rope_reference(kp, vp, ks, vs, k_new, v_new, slots, positions, q, *, config):
+    sk, sv = _scales(config, ks, vs)
+    q_rot, kp, vp, sk, sv = reference.append_kv_rope(
+        kp, vp, k_new, v_new, slots, positions, np.asarray(config.inv_freq, np.float32),
+        style=config.style, rotary_dim=config.rotary_dim, q=q, k_scale=sk, v_scale=sv,
+    )  # fmt: skip
+    return [kp, vp, ks if sk is None else sk, vs if sv is None else sv, q_rot]
+
+
 def _copy_reference(kp, vp, ks, vs, src, dst, *, config):
     sk, sv = _scales(config, ks, vs)
     kp, vp, sk, sv = reference.copy_pages(kp, vp, src, dst, k_scale=sk, v_scale=sv)
@@ -66,14 +109,40 @@ def _copy_reference(kp, vp, ks, vs, src, dst, *, config):
 
 register_lowerings(append_kv_p, "append_kv", _attrs, _append_reference, aliases=_ALIASES)
 register_lowerings(copy_pages_p, "copy_pages", _attrs, _copy_reference, aliases=_ALIASES)
+# kv_cache_rope.cuh: kMaxQuantRowBytes (a quantized cache's K row staged in shared memory).
+MAX_QUANT_ROW_BYTES = 5888
 
 
-def _stack_caches(args, dims, size, config):
-    """Caches of all instances stacked along pages (per-head scales become per-token)."""
+def _rope_check_cuda(ctx, config):
+    k_new = ctx.avals_in[4]
+    row = k_new.shape[2] * k_new.dtype.itemsize
+    if config.scale_mode != 0 and row > MAX_QUANT_ROW_BYTES:
+        return (
+            f"the fused RoPE CUDA kernel takes head dims up to "
+            f"{MAX_QUANT_ROW_BYTES // k_new.dtype.itemsize} ({k_new.dtype}) for a quantized "
+            f"cache, got {k_new.shape[2]}"
+        )
+    return None
+
+
+register_lowerings(
+    append_kv_rope_p,
+    "append_kv_rope",
+    _rope_attrs,
+    _append_rope_reference,
+    check_cuda=_rope_check_cuda,
+    aliases=_ALIASES,
+)
+
+
+def _stack_caches(args, dims, size, config, per_head_read=False):
+    """Caches of all instances stacked along pages. Per-head scales become per-token ones for
+    copy_pages (which only copies them); for the appends (per_head_read: the kernel reads them)
+    they must be shared by all instances and stay per head (see _per_instance)."""
     kp, vp, ks, vs = (batch_first(x, d, size) for x, d in zip(args[:4], dims[:4], strict=True))
     P, page = kp.shape[1], kp.shape[2]
     mode = config.scale_mode
-    if mode == 1:
+    if mode == 1 and not per_head_read:
         ks, vs = (
             jnp.broadcast_to(s[:, None, None, :], (size, P, page, s.shape[-1])) for s in (ks, vs)
         )
@@ -84,6 +153,19 @@ def _stack_caches(args, dims, size, config):
     else:
         flat += [ks[0], vs[0]]
     return flat, P, page, dataclasses.replace(config, scale_mode=mode)
+
+
+def _scales_mapped_per_head(dims, config) -> bool:
+    return config.scale_mode == 1 and (dims[2] is not NOT_MAPPED or dims[3] is not NOT_MAPPED)
+
+
+def _per_instance(p, args, dims, config):
+    """Instances one after the other (lax.map of the primitive): for per-head scales that differ
+    between instances, which one call cannot read."""
+    size = next(x.shape[d] for x, d in zip(args, dims, strict=True) if d is not NOT_MAPPED)
+    args = [batch_first(x, d, size) for x, d in zip(args, dims, strict=True)]
+    outs = jax.lax.map(lambda a: p.bind(*a, config=config), args)
+    return list(outs), [0] * len(outs)
 
 
 def _unstack(outs, size, config_in, config_out):
@@ -102,8 +184,10 @@ def _unstack(outs, size, config_in, config_out):
 def _batch_append(args, dims, *, config):
     # Every instance writes its own copy of the cache (vmap semantics): stack the caches along
     # pages and shift each instance's slots by its pages.
+    if _scales_mapped_per_head(dims, config):
+        return _per_instance(append_kv_p, args, dims, config)
     size = next(x.shape[d] for x, d in zip(args, dims, strict=True) if d is not NOT_MAPPED)
-    flat, P, page, config_b = _stack_caches(args, dims, size, config)
+    flat, P, page, config_b = _stack_caches(args, dims, size, config, per_head_read=True)
     k_new, v_new, slots = (batch_first(x, d, size) for x, d in zip(args[4:], dims[4:], strict=True))
     off = (jnp.arange(size, dtype=jnp.int32) * (P * page))[:, None]
     slots = jnp.where((slots >= 0) & (slots < P * page), slots + off, -1)
@@ -115,6 +199,30 @@ def _batch_append(args, dims, *, config):
         config=config_b,
     )
     return _unstack(outs, size, config, config_b)
+
+
+def _batch_append_rope(args, dims, *, config):
+    # As _batch_append; the queries and positions of every instance are more tokens.
+    if _scales_mapped_per_head(dims, config):
+        return _per_instance(append_kv_rope_p, args, dims, config)
+    size = next(x.shape[d] for x, d in zip(args, dims, strict=True) if d is not NOT_MAPPED)
+    flat, P, page, config_b = _stack_caches(args, dims, size, config, per_head_read=True)
+    k_new, v_new, slots, positions, q = (
+        batch_first(x, d, size) for x, d in zip(args[4:], dims[4:], strict=True)
+    )
+    off = (jnp.arange(size, dtype=jnp.int32) * (P * page))[:, None]
+    slots = jnp.where((slots >= 0) & (slots < P * page), slots + off, -1)
+    outs = append_kv_rope_p.bind(
+        *flat,
+        k_new.reshape(-1, *k_new.shape[2:]),
+        v_new.reshape(-1, *v_new.shape[2:]),
+        slots.reshape(-1),
+        positions.reshape(-1),
+        q.reshape(size * q.shape[1], *q.shape[2:]),  # explicit: Hq may be 0
+        config=config_b,
+    )
+    caches, cache_dims = _unstack(outs[:4], size, config, config_b)
+    return [*caches, outs[4].reshape(q.shape)], [*cache_dims, 0]
 
 
 def _batch_copy(args, dims, *, config):
@@ -131,4 +239,5 @@ def _batch_copy(args, dims, *, config):
 
 
 batching.primitive_batchers[append_kv_p] = _batch_append
+batching.primitive_batchers[append_kv_rope_p] = _batch_append_rope
 batching.primitive_batchers[copy_pages_p] = _batch_copy

@@ -198,10 +198,45 @@ struct AppendQuantArgs {
   bool per_token;
 };
 
+// One warp quantises one row of n input values into dst (lane = the thread's lane). per_token:
+// the scale is amax / qmax over the row, written to *scale by lane 0; else *scale is read.
+// Shared by append_kv and the fused RoPE + append (its V rows).
+template <DType DT, CacheDType CT, int kVec>
+__device__ __forceinline__ void quantize_row_warp(const typename InElem<DT>::T* src, uint8_t* dst,
+                                                  int64_t n, float* scale, bool per_token,
+                                                  int lane) {
+  using Q = QuantElem<CT>;
+  float sc;
+  if (per_token) {
+    float amax = 0.0f;
+#pragma unroll 1  // not unrolled (both loops): few registers live across the division's
+                  // slow-path call, so that no caller of this routine spills
+    for (int64_t d = int64_t(lane) * kVec; d < n; d += 32 * kVec) {
+      float x[kVec];
+      load_vec<DT, kVec>(src + d, x);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) amax = numeric::amax_step(amax, x[i]);
+    }
+    amax = warp_amax(amax);
+    sc = numeric::per_token_scale(amax, Q::kMax);
+    if (lane == 0) *scale = sc;
+  } else {
+    sc = *scale;
+  }
+#pragma unroll 1
+  for (int64_t d = int64_t(lane) * kVec; d < n; d += 32 * kVec) {
+    float x[kVec];
+    uint8_t q[kVec];
+    load_vec<DT, kVec>(src + d, x);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) q[i] = Q::quantize(x[i], sc);
+    store_vec<kVec>(dst + d, q);
+  }
+}
+
 template <DType DT, CacheDType CT, int kVec>
 __global__ void __launch_bounds__(kThreads) append_quant_kernel(AppendQuantArgs a) {
   using T = typename InElem<DT>::T;
-  using Q = QuantElem<CT>;
   const int lane = threadIdx.x & 31;
   const int row = blockIdx.x * (kThreads / 32) + (threadIdx.x >> 5);  // in [0, 2 * Hkv)
   if (row >= 2 * a.num_heads_k) return;  // whole warp: no shuffle is left waiting
@@ -215,31 +250,9 @@ __global__ void __launch_bounds__(kThreads) append_quant_kernel(AppendQuantArgs 
   for (int64_t t = blockIdx.y; t < a.num_tokens; t += gridDim.y) {
     const int64_t s = a.slots[t];
     if (s < 0 || s >= a.num_slots) continue;  // uniform over the warp
-    const T* src = src_base + (t * H + h) * n;
-    uint8_t* dst = dst_base + (s * H + h) * n;
-    float scale;
-    if (a.per_token) {
-      float amax = 0.0f;
-      for (int64_t d = int64_t(lane) * kVec; d < n; d += 32 * kVec) {
-        float x[kVec];
-        load_vec<DT, kVec>(src + d, x);
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) amax = numeric::amax_step(amax, x[i]);
-      }
-      amax = warp_amax(amax);
-      scale = numeric::per_token_scale(amax, Q::kMax);
-      if (lane == 0) scales[s * H + h] = scale;
-    } else {
-      scale = scales[h];
-    }
-    for (int64_t d = int64_t(lane) * kVec; d < n; d += 32 * kVec) {
-      float x[kVec];
-      uint8_t q[kVec];
-      load_vec<DT, kVec>(src + d, x);
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) q[i] = Q::quantize(x[i], scale);
-      store_vec<kVec>(dst + d, q);
-    }
+    quantize_row_warp<DT, CT, kVec>(src_base + (t * H + h) * n, dst_base + (s * H + h) * n, n,
+                                    a.per_token ? scales + s * H + h : scales + h, a.per_token,
+                                    lane);
   }
 }
 

@@ -29,6 +29,9 @@
 // o_partial / lse_partial; paged_merge_kernel combines them (one CTA per output row, fixed
 // order: deterministic), launched as a programmatic dependent launch on sm_90+.
 //
+// 16-bit caches with larger GQA groups go to the tensor-core kernel of paged_attention_mma.cuh
+// instead (paged_use_mma; it shares the page-table, bad-data and output helpers and the merge).
+//
 // No XLA headers here.
 #pragma once
 
@@ -38,6 +41,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 #include "jax_flash/flash_attention_common.cuh"
@@ -141,6 +145,114 @@ __device__ __forceinline__ float4 load4_q(const TQ* src) {
     float f[4];
     cvt_words<TQ>(w, f, 2);
     return make_float4(f[0], f[1], f[2], f[3]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sequence, page-table and output helpers shared by the CUDA-core kernel below and the
+// tensor-core kernel (paged_attention_mma.cuh)
+// ---------------------------------------------------------------------------------------------
+
+// A kv length outside [0, max_pages * page_size] makes the whole sequence bad (NaN).
+__device__ __forceinline__ bool paged_klen_bad(const PagedAttentionParams& p, int32_t klen) {
+  return klen < 0 || static_cast<int64_t>(klen) > static_cast<int64_t>(p.max_pages) * p.page_size;
+}
+
+// Visible keys [lo, hi) of query position i (0 <= i < Sq) of a sequence of klen keys (bottom-right
+// aligned window, paged_params.h); non-decreasing in i; hi >= lo.
+__device__ __forceinline__ void paged_visible(const PagedAttentionParams& p, int32_t klen, int i,
+                                              int32_t* lo, int32_t* hi) {
+  const int64_t diag = static_cast<int64_t>(i) + klen - p.seqlen_q;
+  int64_t l = 0, h = klen;
+  if (p.window_left >= 0 && diag - p.window_left > l) l = diag - p.window_left;
+  if (p.window_right >= 0 && diag + p.window_right + 1 < h) h = diag + p.window_right + 1;
+  if (h < l) h = l;
+  *lo = static_cast<int32_t>(l);
+  *hi = static_cast<int32_t>(h);
+}
+
+// Page id and in-page offset of key t of a sequence (bt: its block-table row), loaded ahead of
+// use: the id is checked only when the row is placed (paged_row_index).
+struct PagedRowRef {
+  int32_t page;
+  int32_t off;
+  bool valid;  // active and t < ke
+};
+
+__device__ __forceinline__ PagedRowRef paged_row_ref(const int32_t* bt, int64_t t, int32_t ke,
+                                                     int32_t ps, bool active) {
+  PagedRowRef r;
+  r.valid = active && t < ke;
+  r.page = 0;
+  r.off = 0;
+  if (r.valid) {  // 0 <= t < ke <= 2^31 - 1: 32-bit division
+    const uint32_t t32 = static_cast<uint32_t>(t);
+    const uint32_t pidx = t32 / static_cast<uint32_t>(ps);
+    r.off = static_cast<int32_t>(t32 - pidx * static_cast<uint32_t>(ps));
+    r.page = __ldg(bt + pidx);
+  }
+  return r;
+}
+
+// Cache row ((page * page_size + off) * Hkv + kvh) of a prefetched key, or -1 for a key past the
+// range or behind an invalid page id (never read through; it sets `bad`).
+__device__ __forceinline__ int64_t paged_row_index(const PagedRowRef& r,
+                                                   const PagedAttentionParams& p, int kvh,
+                                                   int& bad) {
+  const bool ok = r.page >= 0 && r.page < p.num_pages;
+  bad |= r.valid && !ok;
+  return r.valid && ok ? (static_cast<int64_t>(r.page) * p.page_size + r.off) * p.num_heads_k + kvh
+                       : int64_t(-1);
+}
+
+// 16-byte chunk `byte_off` of cache row `ri` (rows of row_bytes) of `base` into shared memory;
+// ri < 0 zero-fills the 16 bytes without reading.
+__device__ __forceinline__ void paged_copy16(void* smem, const char* base, int64_t ri,
+                                             int row_bytes, int byte_off) {
+  cp_async16(smem, ri >= 0 ? base + ri * row_bytes + byte_off : base, ri >= 0 ? 16 : 0);
+}
+
+// Whole-sequence check of the first ceil(klen / page_size) block-table entries by kNT threads
+// (each returns its own flag; OR them over the CTA).
+template <int kNT>
+__device__ __forceinline__ int paged_block_table_bad(const PagedAttentionParams& p,
+                                                     const int32_t* bt, int32_t klen, int tid) {
+  const int32_t ps = p.page_size;
+  const int32_t npg = klen / ps + (klen % ps != 0);
+  int bad = 0;
+  for (int i0 = 0; i0 < npg; i0 += 8 * kNT) {
+    int32_t id[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const int i = i0 + k * kNT + tid;
+      id[k] = i < npg ? __ldg(bt + i) : 0;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) bad |= (id[k] < 0) | (id[k] >= p.num_pages);
+  }
+  return bad;
+}
+
+// Stores 4 output columns [4 * q4, 4 * q4 + 4) of group row gm (query position gm / G, head
+// kvh * G + gm % G) of sequence b, and its LSE when write_lse: to o / lse, or with split-KV to
+// this split's o_partial / lse_partial.
+template <typename TQ, int D>
+__device__ __forceinline__ void paged_store_out(const PagedAttentionParams& p, int b, int kvh,
+                                                int split, int G, int gm, int q4, float4 v,
+                                                bool write_lse, float lse) {
+  const int i = gm / G;
+  const int h = kvh * G + (gm - i * G);
+  const int Sq = p.seqlen_q, Hq = p.num_heads;
+  const bool split_out = p.num_splits > 1;
+  const int64_t bb = split_out ? static_cast<int64_t>(split) * p.batch + b : b;
+  const int64_t o_off = ((bb * Sq + i) * Hq + h) * D + 4 * q4;
+  const int64_t l_off = (bb * Hq + h) * Sq + i;
+  if (split_out) {
+    *reinterpret_cast<float4*>(p.o_partial + o_off) = v;
+    if (write_lse) p.lse_partial[l_off] = lse;
+  } else {
+    store4_from_float<TQ>(static_cast<TQ*>(p.o) + o_off, v.x, v.y, v.z, v.w);
+    if (write_lse) p.lse[l_off] = lse;
   }
 }
 
@@ -259,24 +371,11 @@ __global__ void __launch_bounds__(Cfg<TC, D, MT, kStagesReq>::kThreadsCTA,
   const int Sq = p.seqlen_q;
   const int m0 = chunk * MT;
   const int mvalid = min(MT, G * Sq - m0);
-  const bool split_out = p.num_splits > 1;
   const int ps = p.page_size;
 
   // Output of CTA row m (m < mvalid): 4 columns at 4 * q4, and the LSE when q4 == 0.
   auto store_out = [&](int m, int q4, float4 v, float lse) {
-    const int gm = m0 + m;
-    const int i = gm / G;
-    const int h = kvh * G + (gm - i * G);
-    const int64_t bb = split_out ? static_cast<int64_t>(split) * p.batch + b : b;
-    const int64_t o_off = ((bb * Sq + i) * Hq + h) * D + 4 * q4;
-    const int64_t l_off = (bb * Hq + h) * Sq + i;
-    if (split_out) {
-      *reinterpret_cast<float4*>(p.o_partial + o_off) = v;
-      if (q4 == 0) p.lse_partial[l_off] = lse;
-    } else {
-      store4_from_float<TQ>(static_cast<TQ*>(p.o) + o_off, v.x, v.y, v.z, v.w);
-      if (q4 == 0) p.lse[l_off] = lse;
-    }
+    paged_store_out<TQ, D>(p, b, kvh, split, G, m0 + m, q4, v, q4 == 0, lse);
   };
 
   // ---- kv length; a bad one makes the whole sequence NaN at once ----
@@ -286,7 +385,7 @@ __global__ void __launch_bounds__(Cfg<TC, D, MT, kStagesReq>::kThreadsCTA,
     for (int idx = tid; idx < mvalid * (D / 4); idx += kNT)
       store_out(idx / (D / 4), idx % (D / 4), make_float4(qnan(), qnan(), qnan(), qnan()), qnan());
   };
-  if (klen < 0 || static_cast<int64_t>(klen) > static_cast<int64_t>(p.max_pages) * ps) {
+  if (paged_klen_bad(p, klen)) {
     store_nan();  // klen is the same for every thread: no barrier needed
     return;
   }
@@ -294,15 +393,7 @@ __global__ void __launch_bounds__(Cfg<TC, D, MT, kStagesReq>::kThreadsCTA,
   // ---- visible key range of this CTA ----
   // Visible keys of query position i: [lo(i), hi(i)), non-decreasing in i; rows are ordered
   // by query position, padding rows (m >= mvalid) see nothing.
-  auto visible = [&](int i, int32_t* lo, int32_t* hi) {
-    const int64_t diag = static_cast<int64_t>(i) + klen - Sq;
-    int64_t l = 0, h = klen;
-    if (p.window_left >= 0 && diag - p.window_left > l) l = diag - p.window_left;
-    if (p.window_right >= 0 && diag + p.window_right + 1 < h) h = diag + p.window_right + 1;
-    if (h < l) h = l;
-    *lo = static_cast<int32_t>(l);
-    *hi = static_cast<int32_t>(h);
-  };
+  auto visible = [&](int i, int32_t* lo, int32_t* hi) { paged_visible(p, klen, i, lo, hi); };
   int32_t lo_first, hi_first, lo_last, hi_last;
   visible(m0 / G, &lo_first, &hi_first);
   visible((m0 + mvalid - 1) / G, &lo_last, &hi_last);
@@ -322,25 +413,12 @@ __global__ void __launch_bounds__(Cfg<TC, D, MT, kStagesReq>::kThreadsCTA,
   const char* kp = static_cast<const char*>(p.k_pages);
   const char* vp = static_cast<const char*>(p.v_pages);
   int bad = 0;
-  int32_t pf_page = 0, pf_off = 0;
-  bool pf_valid = false;
+  PagedRowRef pf;  // the page of this thread's row of the next tile to place
   auto prefetch_row = [&](int T) {
-    const int64_t t = static_cast<int64_t>(kb) + static_cast<int64_t>(T) * kTK + tid;
-    pf_valid = t < ke;
-    if (pf_valid) {  // 0 <= t < ke <= 2^31 - 1: 32-bit division
-      const uint32_t t32 = static_cast<uint32_t>(t);
-      const uint32_t pidx = t32 / static_cast<uint32_t>(ps);
-      pf_off = static_cast<int32_t>(t32 - pidx * static_cast<uint32_t>(ps));
-      pf_page = __ldg(bt + pidx);
-    }
+    pf = paged_row_ref(bt, static_cast<int64_t>(kb) + static_cast<int64_t>(T) * kTK + tid, ke,
+                       ps, true);
   };
-  auto store_row = [&](int slot) {
-    const bool ok = pf_page >= 0 && pf_page < p.num_pages;
-    bad |= pf_valid && !ok;
-    offs_s[slot * kTK + tid] = pf_valid && ok
-                                   ? (static_cast<int64_t>(pf_page) * ps + pf_off) * Hkv + kvh
-                                   : int64_t(-1);
-  };
+  auto store_row = [&](int slot) { offs_s[slot * kTK + tid] = paged_row_index(pf, p, kvh, bad); };
   auto issue = [&](int slot) {
     const int64_t* offs = offs_s + slot * kTK;
     unsigned char* kdst = kv_s + slot * C::kStageBytes;
@@ -352,10 +430,8 @@ __global__ void __launch_bounds__(Cfg<TC, D, MT, kStagesReq>::kThreadsCTA,
       const int lc = c % C::kCPR;
       const int64_t ri = offs[r];
       const int dst = r * kRB + ((lc ^ C::swz(r)) << 4);
-      const int64_t src = ri * kRB + (lc << 4);
-      const int nb = ri >= 0 ? 16 : 0;
-      cp_async16(kdst + dst, ri >= 0 ? kp + src : kp, nb);
-      cp_async16(vdst + dst, ri >= 0 ? vp + src : vp, nb);
+      paged_copy16(kdst + dst, kp, ri, kRB, lc << 4);
+      paged_copy16(vdst + dst, vp, ri, kRB, lc << 4);
     }
     if (per_token && tid < kTK) {
       const int64_t ri = offs[tid];
@@ -367,17 +443,11 @@ __global__ void __launch_bounds__(Cfg<TC, D, MT, kStagesReq>::kThreadsCTA,
 
   // ---- prologue: the page ids of the first kS + 1 tiles and the query rows are loaded
   // together (one memory round trip) ----
-  int32_t pg0[kS + 1], off0[kS + 1];
-  bool val0[kS + 1];
+  PagedRowRef ref0[kS + 1];
 #pragma unroll
-  for (int T = 0; T <= kS; ++T) {
-    const int64_t t = static_cast<int64_t>(kb) + static_cast<int64_t>(T) * kTK + tid;
-    val0[T] = tid < kTK && t < ke;
-    const uint32_t t32 = val0[T] ? static_cast<uint32_t>(t) : 0u;
-    const uint32_t pidx = t32 / static_cast<uint32_t>(ps);
-    off0[T] = static_cast<int32_t>(t32 - pidx * static_cast<uint32_t>(ps));
-    pg0[T] = val0[T] ? __ldg(bt + pidx) : 0;
-  }
+  for (int T = 0; T <= kS; ++T)
+    ref0[T] = paged_row_ref(bt, static_cast<int64_t>(kb) + static_cast<int64_t>(T) * kTK + tid,
+                            ke, ps, tid < kTK);
   float qscale = p.softmax_scale * (has_cap ? 1.f / p.softcap : kLog2e);
   float vscale_head = 1.f;
   if (p.scale_mode == ScaleMode::kPerHead) {
@@ -404,14 +474,10 @@ __global__ void __launch_bounds__(Cfg<TC, D, MT, kStagesReq>::kThreadsCTA,
   if (tid < kTK) {
 #pragma unroll
     for (int T = 0; T < kS; ++T) {
-      pf_page = pg0[T];
-      pf_off = off0[T];
-      pf_valid = val0[T];
+      pf = ref0[T];
       if (T < ntiles) store_row(T);
     }
-    pf_page = pg0[kS];
-    pf_off = off0[kS];
-    pf_valid = val0[kS];
+    pf = ref0[kS];
   }
 #pragma unroll
   for (int k = 0; k < kQIt; ++k) {
@@ -437,19 +503,7 @@ __global__ void __launch_bounds__(Cfg<TC, D, MT, kStagesReq>::kThreadsCTA,
 
   // ---- whole-sequence check of the page ids (under the first copies). With split-KV only
   // split 0 scans: its NaN partial makes the merged output NaN. ----
-  if (split == 0) {
-    const int32_t npg = klen / ps + (klen % ps != 0);
-    for (int i0 = 0; i0 < npg; i0 += 8 * kNT) {
-      int32_t id[8];
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const int i = i0 + k * kNT + tid;
-        id[k] = i < npg ? __ldg(bt + i) : 0;
-      }
-#pragma unroll
-      for (int k = 0; k < 8; ++k) bad |= (id[k] < 0) | (id[k] >= p.num_pages);
-    }
-  }
+  if (split == 0) bad |= paged_block_table_bad<kNT>(p, bt, klen, tid);
 
   // ---- main loop ----
   float m_run[kMTL], l_run[kMTL], o[kMTL][8];
@@ -811,6 +865,59 @@ inline bool& merge_pdl_enabled() {
 // Query rows per CTA for a group of `rows` = G * Sq rows.
 inline int paged_rows_per_cta(int64_t rows) { return rows <= 4 ? 4 : (rows <= 8 ? 8 : 16); }
 
+template <typename TQ, int D>
+cudaError_t launch_paged_merge(const PagedAttentionParams& p, cudaStream_t stream);
+
+// ---- Tensor-core path (paged_attention_mma.cuh) ----
+// Taken for 16-bit caches of q's dtype (D 64, 128, 256) when the group has at least
+// kPagedMmaMinRows query rows (G * Sq). Measured on an H100 (bf16, D 128, page 16, GB/s of K+V,
+// CUDA-core -> tensor-core kernel): B=64 ctx 8k G=4 Sq=1 2943 -> 2996, G=4 Sq=4 1179 -> 2980,
+// G=8 Sq=1 2194 -> 2992, G=8 Sq=4 589 -> 2765; B=1 ctx 32k G=4 Sq=1 1951 -> 2308, G=8 Sq=4
+// 551 -> 2035. Below 4 rows the CUDA-core kernel (4-row CTAs) keeps the call.
+// JAX_FLASH_PAGED_MMA overrides the choice: "0" never, "1" whenever supported; read once
+// (paged_mma_mode() may be set by tests and benchmarks to compare both kernels in one process).
+constexpr int64_t kPagedMmaMinRows = 4;
+constexpr int kPagedMmaRows = 16;  // query rows per CTA of the tensor-core kernel
+
+// -1: heuristic (rows >= kPagedMmaMinRows), 0: never, 1: whenever supported.
+inline int& paged_mma_mode() {
+  static int mode = [] {
+    const char* e = std::getenv("JAX_FLASH_PAGED_MMA");
+    if (e != nullptr && e[0] == '0' && e[1] == 0) return 0;
+    if (e != nullptr && e[0] == '1' && e[1] == 0) return 1;
+    return -1;
+  }();
+  return mode;
+}
+
+// Whether the tensor-core kernel takes a call with `rows` = G * Sq query rows per kv head, given
+// that it supports its dtypes and head dim (mma_ok).
+inline bool paged_use_mma(bool mma_ok, int64_t rows) {
+  if (!mma_ok) return false;
+  const int mode = paged_mma_mode();
+  return mode == 1 || (mode < 0 && rows >= kPagedMmaMinRows);
+}
+
+// Whether the tensor-core kernel supports these parameters (q and cache both float16 or both
+// bfloat16, D == Dv in {64, 128, 256}, q 16-byte aligned: it is read in 16-byte vectors).
+inline bool paged_mma_supported(const PagedAttentionParams& p) {
+  const bool f16 = p.dtype == DType::kFloat16 && p.cache_dtype == CacheDType::kFloat16;
+  const bool bf16 = p.dtype == DType::kBFloat16 && p.cache_dtype == CacheDType::kBFloat16;
+  return (f16 || bf16) && p.scale_mode == ScaleMode::kNone && p.head_dim == p.head_dim_v &&
+         (p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256) &&
+         reinterpret_cast<uintptr_t>(p.q) % 16 == 0;
+}
+
+// CTAs of the tensor-core kernel per SM (its shared memory is sized for this; checked by
+// static_assert in paged_attention_mma.cuh).
+constexpr int paged_mma_ctas_per_sm(int head_dim) {
+  return head_dim <= 64 ? 3 : (head_dim <= 128 ? 2 : 1);
+}
+
+// Defined in paged_attention_mma.cuh, instantiated in cuda/src/paged_attention_mma_*.cu.
+template <typename T, int D>
+cudaError_t launch_paged_attention_mma(const PagedAttentionParams& p, cudaStream_t stream);
+
 template <typename TQ, typename TC, int D, int MT, int kStagesReq = 0>
 cudaError_t launch_paged_attention_mt(const PagedAttentionParams& p, cudaStream_t stream) {
   using C = Cfg<TC, D, MT, kStagesReq>;
@@ -826,14 +933,21 @@ cudaError_t launch_paged_attention_mt(const PagedAttentionParams& p, cudaStream_
   kernel<<<static_cast<unsigned>(blocks), C::kThreadsCTA, C::kSmem, stream>>>(
       p, static_cast<int32_t>(chunks));
   err = cudaGetLastError();
-  if (err != cudaSuccess || p.num_splits <= 1) return err;
+  if (err != cudaSuccess) return err;
+  return launch_paged_merge<TQ, D>(p, stream);
+}
+
+// The split-KV merge after an attention grid (nothing for num_splits <= 1).
+template <typename TQ, int D>
+cudaError_t launch_paged_merge(const PagedAttentionParams& p, cudaStream_t stream) {
+  if (p.num_splits <= 1) return cudaSuccess;
   const int64_t out_rows = static_cast<int64_t>(p.batch) * p.seqlen_q * p.num_heads;
   if (out_rows > 0x7fffffff || p.num_splits > kMaxMergeSplits)
     return cudaErrorInvalidConfiguration;
   // On sm_90+ the merge is a programmatic dependent launch: its launch overlaps the attention
   // grid, and griddepcontrol.wait orders its reads after that grid's writes.
   int dev = 0, major = 0;
-  err = cudaGetDevice(&dev);
+  cudaError_t err = cudaGetDevice(&dev);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   if (err != cudaSuccess) return err;
   cudaLaunchAttribute attr[1];
@@ -855,6 +969,10 @@ cudaError_t launch_paged_attention_mt(const PagedAttentionParams& p, cudaStream_
 template <typename TQ, typename TC, int D>
 cudaError_t launch_paged_attention(const PagedAttentionParams& p, cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(p.num_heads / p.num_heads_k) * p.seqlen_q;
+  if constexpr (std::is_same_v<TQ, TC> && sizeof(TC) == 2) {
+    if (paged_use_mma(paged_mma_supported(p), rows))
+      return launch_paged_attention_mma<TQ, D>(p, stream);
+  }
   switch (paged_rows_per_cta(rows)) {
     case 4: return launch_paged_attention_mt<TQ, TC, D, 4>(p, stream);
     case 8: return launch_paged_attention_mt<TQ, TC, D, 8>(p, stream);
@@ -882,6 +1000,16 @@ cudaError_t launch_paged_attention(const PagedAttentionParams& p, cudaStream_t s
       const PagedAttentionParams&, cudaStream_t);
 JAX_FLASH_PAGED_FOR_EACH(JAX_FLASH_PAGED_DECLARE)
 #undef JAX_FLASH_PAGED_DECLARE
+
+// The tensor-core launchers, in cuda/src/paged_attention_mma_{bf16,f16}.cu.
+#define JAX_FLASH_PAGED_MMA_FOR_EACH(X) \
+  X(__half, 64) X(__half, 128) X(__half, 256) \
+  X(__nv_bfloat16, 64) X(__nv_bfloat16, 128) X(__nv_bfloat16, 256)
+#define JAX_FLASH_PAGED_MMA_DECLARE(T, D)                                      \
+  extern template cudaError_t paged::launch_paged_attention_mma<T, D>(         \
+      const PagedAttentionParams&, cudaStream_t);
+JAX_FLASH_PAGED_MMA_FOR_EACH(JAX_FLASH_PAGED_MMA_DECLARE)
+#undef JAX_FLASH_PAGED_MMA_DECLARE
 
 namespace paged {
 
@@ -929,12 +1057,19 @@ cudaError_t dispatch_cache(const PagedAttentionParams& p, cudaStream_t stream) {
 //   B=32  ctx 4k:   [s1 2777], s2 2583;  B=64 ctx 8k: [s1 2936], s2 2839
 // i.e. about one wave of 2 CTAs per SM (B * Hkv * s = 256 of 264 slots). The merge adds 3-4 us
 // at B = 1 (6% at 1 x 32k, 14% at 1 x 8k) and is lost in the noise from B = 8.
+// The tensor-core kernel (taken when paged::paged_use_mma(mma_ok, rows); mma_ok: the call's
+// dtypes and head_dim suit it, paged::paged_mma_supported) runs 16 query rows per CTA of 128
+// threads, paged::paged_mma_ctas_per_sm(head_dim) CTAs per SM (3, 2, 1 for D 64, 128, 256).
+// jax_flash/ops/paged_attention.py (default_num_splits) computes the same.
 inline int paged_num_splits_heuristic(int64_t batch, int64_t num_heads_k, int64_t group,
-                                      int64_t seqlen_q, int64_t max_ctx, int num_sms) {
+                                      int64_t seqlen_q, int64_t max_ctx, int num_sms,
+                                      int head_dim = 128, bool mma_ok = false) {
   const int64_t rows = group * seqlen_q;
-  const int64_t mt = paged::paged_rows_per_cta(rows);
+  const bool mma = paged::paged_use_mma(mma_ok, rows);
+  const int64_t mt = mma ? paged::kPagedMmaRows : paged::paged_rows_per_cta(rows);
   const int64_t ctas = batch * num_heads_k * ((rows + mt - 1) / mt);
-  const int64_t slots = static_cast<int64_t>(num_sms) * (mt <= 8 ? 2 : 1);
+  const int64_t per_sm = mma ? paged::paged_mma_ctas_per_sm(head_dim) : (mt <= 8 ? 2 : 1);
+  const int64_t slots = static_cast<int64_t>(num_sms) * per_sm;
   if (ctas <= 0 || ctas * 5 >= slots * 4) return 1;
   int64_t s = slots / ctas;
   const int64_t by_len = (max_ctx + 127) / 128;

@@ -20,6 +20,71 @@ namespace rope_cuda {
 
 constexpr int kThreads = 256;
 
+// The device code that rotates, shared by apply_rope and the fused RoPE + cache append
+// (kv_cache_rope.cuh), so that both produce the same bits. Every floating-point step is
+// context-free: the angle and the rotation use explicitly rounded operations (rope_params.h),
+// sincosf's own arithmetic is explicit fma.rn / products that feed no addition, and the
+// conversions are exact (to_float) or round-to-nearest-even (from_float).
+
+// cos and sin of a pair's angle at `position` (accurate sincosf, float32).
+__device__ __forceinline__ void pair_cos_sin(float inv_freq, int32_t position, float* c,
+                                             float* s) {
+  sincosf(rope::angle(position, inv_freq), s, c);
+}
+
+// Pair i of one head row x: its feature indices and rotated values, rounded to T (the values
+// apply_rope stores).
+template <typename T, RopeStyle kStyle>
+__device__ __forceinline__ void rotate_pair(const T* x, int32_t i, int32_t rotary_dim, float c,
+                                            float s, int32_t* ia, int32_t* ib, T* a, T* b) {
+  *ia = rope::first_of_pair(kStyle, i);
+  *ib = rope::second_of_pair(kStyle, i, rotary_dim);
+  float fa, fb;
+  rope::rotate(to_float(x[*ia]), to_float(x[*ib]), c, s, &fa, &fb);
+  *a = from_float<T>(fa);
+  *b = from_float<T>(fb);
+}
+
+// Pair i rotated in every head of x [heads, head_dim] into out.
+template <typename T, RopeStyle kStyle>
+__device__ __forceinline__ void rotate_pair_heads(const RopeParams& p, int32_t i, float c,
+                                                  float s, const T* x, T* out, int32_t heads) {
+  for (int32_t h = 0; h < heads; ++h) {
+    const int64_t o = static_cast<int64_t>(h) * p.head_dim;
+    int32_t ia, ib;
+    T a, b;
+    rotate_pair<T, kStyle>(x + o, i, p.rotary_dim, c, s, &ia, &ib, &a, &b);
+    out[o + ia] = a;
+    out[o + ib] = b;
+  }
+}
+
+// Pass-through feature d (>= rotary_dim) copied in every head.
+template <typename T>
+__device__ __forceinline__ void copy_feature_heads(const RopeParams& p, int32_t d, const T* x,
+                                                   T* out, int32_t heads) {
+  for (int32_t h = 0; h < heads; ++h) {
+    const int64_t o = static_cast<int64_t>(h) * p.head_dim + d;
+    out[o] = x[o];
+  }
+}
+
+// Rope item j of a token (j < rotary_dim / 2 + head_dim - rotary_dim): item j < rotary_dim / 2
+// rotates pair j of every head (one sincosf shared by the heads); the others copy feature
+// rotary_dim + (j - rotary_dim / 2) of every head.
+template <typename T, RopeStyle kStyle>
+__device__ __forceinline__ void rope_item(const RopeParams& p, int32_t position, int32_t j,
+                                          const T* x, T* out, int32_t heads) {
+  const int32_t half = p.rotary_dim / 2;
+  if (j < half) {
+    float c, s;
+    pair_cos_sin(p.inv_freq[j], position, &c, &s);
+    rotate_pair_heads<T, kStyle>(p, j, c, s, x, out, heads);
+  } else {
+    copy_feature_heads(p, p.rotary_dim + (j - half), x, out, heads);
+  }
+}
+
 template <typename T, RopeStyle kStyle>
 __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeParams p) {
   const int32_t half = p.rotary_dim / 2;
@@ -29,27 +94,8 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeParams p) {
   const int64_t t = g / items;
   const int32_t j = static_cast<int32_t>(g - t * items);
   const int64_t row = t * p.heads * p.head_dim;
-  const T* x = static_cast<const T*>(p.x) + row;
-  T* out = static_cast<T*>(p.out) + row;
-  if (j < half) {
-    float s, c;
-    sincosf(rope::angle(p.positions[t], p.inv_freq[j]), &s, &c);
-    const int32_t ia = rope::first_of_pair(kStyle, j);
-    const int32_t ib = rope::second_of_pair(kStyle, j, p.rotary_dim);
-    for (int32_t h = 0; h < p.heads; ++h) {
-      const int64_t o = static_cast<int64_t>(h) * p.head_dim;
-      float a, b;
-      rope::rotate(to_float(x[o + ia]), to_float(x[o + ib]), c, s, &a, &b);
-      out[o + ia] = from_float<T>(a);
-      out[o + ib] = from_float<T>(b);
-    }
-  } else {
-    const int32_t d = p.rotary_dim + (j - half);
-    for (int32_t h = 0; h < p.heads; ++h) {
-      const int64_t o = static_cast<int64_t>(h) * p.head_dim + d;
-      out[o] = x[o];
-    }
-  }
+  rope_item<T, kStyle>(p, p.positions[t], j, static_cast<const T*>(p.x) + row,
+                       static_cast<T*>(p.out) + row, p.heads);
 }
 
 template <typename T>

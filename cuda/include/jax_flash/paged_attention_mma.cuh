@@ -1,0 +1,492 @@
+// Paged decode attention on tensor cores (mma.sync m16n8k16, float32 accumulation) for float16 /
+// bfloat16 caches of q's dtype, head dims 64, 128, 256. The contract is paged_params.h's; the
+// dispatch in paged_attention.cuh sends a call here when the GQA group has enough query rows
+// (paged_use_mma), where the CUDA-core kernel's float32 FMAs would bound the speed.
+//
+// One CTA of 4 warps per (sequence, kv head, split, chunk of 16 query rows): the group's rows
+// m = i * G + g (query position i, head g of the group), as in the CUDA-core kernel; rows past
+// G * Sq are zero and never written. Every K/V row read from memory serves all 16 rows.
+//
+// Copy pipeline (shared with the CUDA-core kernel through the helpers of paged_attention.cuh):
+// tiles of 64 keys, K and V rows copied with 16-byte cp.async (L1 bypass) into a ring of 3-4
+// shared-memory stages, 2-3 tiles in flight per CTA (64-192 KB per SM with 1-3 CTAs per SM). Rows
+// are placed through the page table one by one (any page size; tiles may straddle pages): thread
+// r < 64 loads the page id of row r one tile ahead, checks it and writes the row's cache offset
+// to a ring of offsets in shared memory. Rows past the key range or behind an invalid id are
+// zero-filled and never read; an invalid id (or a scan of the whole block-table row in split 0,
+// or a bad kv length) makes the sequence NaN.
+//
+// Compute: the warps split the KEYS of a tile, 16 each. Warp w computes
+//   S_w = Q K_w^T   (16 x 16, ldmatrix.x4 of K from the swizzled tile; Q's A fragments are
+//                    loaded once into registers for D <= 128, re-read from shared for D = 256),
+//   scale, softcap, mask (kv length, causal / sliding window bottom-right aligned) in float32,
+//   its own online softmax (exp2, log2 units; the reference max is raised only when a score
+//   exceeds it by more than 2^8 in weight, so most tiles skip the rescale),
+//   O_w += P_w V_w  (P rounded to the 16-bit type in registers as the A operand; V by
+//                    ldmatrix.x4.trans),
+// so the only barrier per tile is the ring's. At the end the warps' (max, sum, O) states are
+// merged through shared memory (overlaying the ring), normalised and stored; with split-KV
+// (num_splits > 1) as the CUDA-core kernel's o_partial / lse_partial, merged by the same
+// paged_merge_kernel.
+//
+// No XLA headers here.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "jax_flash/flash_attention_mma.cuh"  // mma_detail: ldmatrix, mma_16816, pack2, swizzle
+#include "jax_flash/paged_attention.cuh"
+
+namespace jax_flash {
+namespace paged {
+
+template <int D>
+struct MmaCfg {
+  static_assert(D == 64 || D == 128 || D == 256, "head dim must be 64, 128 or 256");
+  static constexpr int kThreads = 128;
+  static constexpr int kWarps = 4;
+  static constexpr int kRows = kPagedMmaRows;             // query rows per CTA (one m16 tile)
+  static constexpr int kTK = 64;                          // keys per tile, 16 per warp
+  static constexpr int kRowBytes = D * 2;                 // one K or V row (16-bit)
+  static constexpr int kChunks = D / 8;                   // 16-byte chunks per row
+  static constexpr int kTileBytes = kTK * kRowBytes;      // K (or V) of one tile
+  static constexpr int kStageBytes = 2 * kTileBytes;      // K + V
+  static constexpr int kRowsPerPass = kThreads / kChunks;  // rows one pass of cp.async covers
+  static constexpr int kPasses = kTK / kRowsPerPass;
+  static constexpr int kQBytes = kRows * kRowBytes;
+  static constexpr int kQIt = kRows * kChunks / kThreads;  // 16-byte q loads per thread
+  static constexpr int kRedStride = D + 8;  // floats per row of the epilogue buffer (no conflicts)
+  static constexpr int kRedBytes = kWarps * kRows * kRedStride * 4;
+  static constexpr bool kQRegs = D <= 128;  // Q fragments held in registers
+  static constexpr int kCtasPerSm = paged_mma_ctas_per_sm(D);
+
+  static constexpr int ring_bytes(int stages) {
+    return stages * kStageBytes > kRedBytes ? stages * kStageBytes : kRedBytes;
+  }
+  static constexpr int smem_bytes(int stages) {
+    return ring_bytes(stages) + stages * kTK * 8 /*row offsets*/ + kQBytes +
+           kWarps * kRows * 8 /*warp max, sum*/ + kRows * 8 /*final max, sum*/;
+  }
+  // An SM has 228 KB of shared memory, 1 KB of it reserved per CTA; at most 227 KB per CTA.
+  static constexpr bool fits(int stages) {
+    return smem_bytes(stages) <= 227 * 1024 &&
+           kCtasPerSm * (smem_bytes(stages) + 1024) <= 228 * 1024;
+  }
+  // The deepest ring (4 stages at most) that keeps kCtasPerSm CTAs per SM: D 64: 4 stages
+  // (68 KB, 3 CTAs per SM), 128: 3 (101.5 KB, 2), 256: 3 (201.5 KB, 1).
+  static constexpr int kStages = fits(4) ? 4 : (fits(3) ? 3 : 2);
+  static constexpr int kRingBytes = ring_bytes(kStages);
+  static constexpr int kSmem = smem_bytes(kStages);
+
+  static_assert(fits(kStages), "shared memory does not fit kCtasPerSm CTAs per SM");
+  static_assert(kStages >= 3, "at least two tiles in flight");
+  static_assert(kThreads % kChunks == 0 && kTK % kRowsPerPass == 0, "bad copy split");
+  static_assert(kQIt * kThreads == kRows * kChunks, "bad q split");
+  static_assert(kStageBytes % 128 == 0 && (kStages * kTK * 8) % 128 == 0,
+                "tiles must stay 128-byte aligned (swizzle)");
+  static_assert(kTK >= kWarps * 16 && kTK <= kThreads, "one 16-key slice per warp");
+};
+
+template <typename T, int D>
+__global__ void __launch_bounds__(MmaCfg<D>::kThreads, MmaCfg<D>::kCtasPerSm)
+    paged_attention_mma_kernel(const PagedAttentionParams p, const int32_t num_chunks) {
+  using C = MmaCfg<D>;
+  constexpr int kS = C::kStages;
+  constexpr int kTK = C::kTK;
+  constexpr int kRB = C::kRowBytes;
+  constexpr int kNT = C::kThreads;
+  constexpr int kCh = C::kChunks;
+  constexpr int kRows = C::kRows;
+  constexpr int kDT = D / 8;  // n8 tiles of O
+
+  extern __shared__ __align__(1024) unsigned char mma_smem[];
+  unsigned char* smem = mma_smem;
+  unsigned char* ring = smem;                                               // [kS][K|V][kTK][kRB]
+  int64_t* offs_s = reinterpret_cast<int64_t*>(smem + C::kRingBytes);      // [kS][kTK]
+  unsigned char* q_s = reinterpret_cast<unsigned char*>(offs_s + kS * kTK);  // [kRows][kRB]
+  float* wm_s = reinterpret_cast<float*>(q_s + C::kQBytes);                // [kWarps][kRows]
+  float* wl_s = wm_s + C::kWarps * kRows;                                  // [kWarps][kRows]
+  float* fm_s = wl_s + C::kWarps * kRows;                                  // [kRows]
+  float* fl_s = fm_s + kRows;                                              // [kRows]
+  float* red_s = reinterpret_cast<float*>(smem);  // epilogue overlay [kWarps][kRows][kRedStride]
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Lets the split-KV merge grid (a programmatic dependent) be scheduled early; it waits for
+  // this grid's completion before reading anything.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int g = lane >> 2;  // C-fragment row (and g + 8)
+  const int t = lane & 3;   // C-fragment column pair
+
+  // blockIdx.x = ((b * Hkv + kvh) * num_splits + split) * num_chunks + chunk (< 2^31)
+  uint32_t bid = blockIdx.x;
+  const int chunk = static_cast<int>(bid % static_cast<uint32_t>(num_chunks));
+  bid /= static_cast<uint32_t>(num_chunks);
+  const int split = static_cast<int>(bid % static_cast<uint32_t>(p.num_splits));
+  bid /= static_cast<uint32_t>(p.num_splits);
+  const int kvh = static_cast<int>(bid % static_cast<uint32_t>(p.num_heads_k));
+  const int b = static_cast<int>(bid / static_cast<uint32_t>(p.num_heads_k));
+
+  const int Hq = p.num_heads;
+  const int G = Hq / p.num_heads_k;
+  const int Sq = p.seqlen_q;
+  const int m0 = chunk * kRows;
+  const int mvalid = min(kRows, G * Sq - m0);
+  const int ps = p.page_size;
+
+  const int32_t klen = __ldg(p.kv_lens + b);
+  const int32_t* bt = p.block_tables + static_cast<int64_t>(b) * p.max_pages;
+  auto store_nan = [&]() {
+    const float nan = qnan();
+    for (int idx = tid; idx < mvalid * (D / 4); idx += kNT) {
+      const int q4 = idx % (D / 4);
+      paged_store_out<T, D>(p, b, kvh, split, G, m0 + idx / (D / 4), q4,
+                            make_float4(nan, nan, nan, nan), q4 == 0, nan);
+    }
+  };
+  if (paged_klen_bad(p, klen)) {
+    store_nan();  // klen is the same for every thread: no barrier needed
+    return;
+  }
+
+  // ---- key range of this CTA: the union of its rows' visible keys within the split ----
+  int32_t lo_first, hi_first, lo_last, hi_last;
+  paged_visible(p, klen, m0 / G, &lo_first, &hi_first);
+  paged_visible(p, klen, (m0 + mvalid - 1) / G, &lo_last, &hi_last);
+  int32_t kb, ke;
+  split_range(klen, ps, p.num_splits, split, &kb, &ke);
+  kb = max(kb, lo_first);
+  ke = min(ke, hi_last);
+  const int ntiles =
+      ke > kb ? static_cast<int>((static_cast<int64_t>(ke) - kb + kTK - 1) / kTK) : 0;
+  // Visible keys of this thread's two rows g and g + 8 (padding rows see none).
+  int32_t lo_r[2], hi_r[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int r = g + 8 * hf;
+    lo_r[hf] = 0;
+    hi_r[hf] = 0;
+    if (r < mvalid) paged_visible(p, klen, (m0 + r) / G, &lo_r[hf], &hi_r[hf]);
+  }
+
+  const char* kp = static_cast<const char*>(p.k_pages);
+  const char* vp = static_cast<const char*>(p.v_pages);
+  int bad = 0;
+  PagedRowRef pf;  // page of this thread's row (tid < kTK) of the next tile to place
+  auto store_row = [&](int slot) { offs_s[slot * kTK + tid] = paged_row_index(pf, p, kvh, bad); };
+  // Copies K and V of the tile whose row offsets are in slot `slot` into stage `slot`.
+  auto issue = [&](int slot) {
+    const int64_t* offs = offs_s + slot * kTK;
+    unsigned char* kdst = ring + slot * C::kStageBytes;
+    unsigned char* vdst = kdst + C::kTileBytes;
+    const int c = tid % kCh;
+    const int r0 = tid / kCh;
+#pragma unroll
+    for (int i = 0; i < C::kPasses; ++i) {
+      const int r = r0 + i * C::kRowsPerPass;
+      const int64_t ri = offs[r];
+      const uint32_t dst = mma_detail::swizzle<kCh>(r, c);
+      paged_copy16(kdst + dst, kp, ri, kRB, c << 4);
+      paged_copy16(vdst + dst, vp, ri, kRB, c << 4);
+    }
+  };
+
+  // ---- prologue: the page ids of the first kS + 1 tiles and the query rows are loaded
+  // together (one memory round trip) ----
+  PagedRowRef ref0[kS + 1];
+#pragma unroll
+  for (int j = 0; j <= kS; ++j)
+    ref0[j] = paged_row_ref(bt, static_cast<int64_t>(kb) + static_cast<int64_t>(j) * kTK + tid,
+                            ke, ps, tid < kTK);
+  uint4 qv[C::kQIt];
+#pragma unroll
+  for (int k = 0; k < C::kQIt; ++k) {
+    const int idx = tid + k * kNT;
+    const int r = idx / kCh;
+    const int c = idx % kCh;
+    qv[k] = make_uint4(0u, 0u, 0u, 0u);
+    if (r < mvalid) {
+      const int gm = m0 + r;
+      const int i = gm / G;
+      const int h = kvh * G + (gm - i * G);
+      qv[k] = __ldg(reinterpret_cast<const uint4*>(
+          static_cast<const T*>(p.q) + ((static_cast<int64_t>(b) * Sq + i) * Hq + h) * D + 8 * c));
+    }
+  }
+  if (tid < kTK) {
+#pragma unroll
+    for (int j = 0; j < kS; ++j) {
+      pf = ref0[j];
+      if (j < ntiles) store_row(j);
+    }
+    pf = ref0[kS];
+  }
+#pragma unroll
+  for (int k = 0; k < C::kQIt; ++k) {
+    const int idx = tid + k * kNT;
+    *reinterpret_cast<uint4*>(q_s + mma_detail::swizzle<kCh>(idx / kCh, idx % kCh)) = qv[k];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < kS - 1; ++j) {
+    if (j < ntiles) issue(j);
+    cp_async_commit();
+  }
+
+  // ---- whole-sequence check of the page ids (under the first copies); with split-KV only
+  // split 0 scans: its NaN partial makes the merged output NaN ----
+  if (split == 0) bad |= paged_block_table_bad<kNT>(p, bt, klen, tid);
+
+  // ---- ldmatrix lane addresses (as the prefill kernel, flash_attention_mma.cuh):
+  //   Q (A, x4 = rows 0-7 / 8-15 x k 0-7 / 8-15): row l % 16, chunk 2kk + l / 16
+  //   K (B of S, x4 = keys 0-7 / 8-15 x k halves): row (l / 16) * 8 + l % 8, chunk 2kk + l / 8 % 2
+  //   V (B of PV, .trans, x4 = key halves x d-tiles 2dp / 2dp + 1): row (l / 8 % 2) * 8 + l % 8,
+  //     chunk 2dp + l / 16
+  // K and V rows are offset by the warp's 16-key slice (which keeps row % 8). ----
+  const uint32_t q_lane = mma_detail::smem_addr(q_s) + (lane & 15) * kRB +
+                          (((lane >> 4) ^ (lane & 7)) << 4);
+  const uint32_t k_lane = (warp * 16 + ((lane >> 4) & 1) * 8 + (lane & 7)) * kRB +
+                          ((((lane >> 3) & 1) ^ (lane & 7)) << 4);
+  const uint32_t v_lane = (warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kRB +
+                          ((((lane >> 4) & 1) ^ (lane & 7)) << 4);
+  const uint32_t ring_addr = mma_detail::smem_addr(ring);
+
+  uint32_t qa[C::kQRegs ? D / 16 : 1][4];
+  if constexpr (C::kQRegs) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) mma_detail::ldmatrix_x4(qa[kk], mma_detail::chunk_pair(q_lane, kk));
+  }
+
+  // Scores in log2 units: x = s * softmax_scale * log2(e), or with a softcap
+  // x = tanh(s * softmax_scale / softcap) * softcap * log2(e).
+  constexpr float kLog2e = 1.4426950408889634f;
+  constexpr float kRescale = 8.f;  // lazy rescale threshold (log2 units): weights <= 2^8
+  const bool has_cap = p.softcap > 0.f;
+  const float cap_in = has_cap ? p.softmax_scale / p.softcap : 0.f;
+  const float x_scale = has_cap ? p.softcap * kLog2e : p.softmax_scale * kLog2e;
+
+  float o[kDT][4];
+#pragma unroll
+  for (int dt = 0; dt < kDT; ++dt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[dt][e] = 0.f;
+  }
+  float m_ref[2] = {neg_inf(), neg_inf()};  // per-warp reference max of rows g, g + 8
+  float l_sum[2] = {0.f, 0.f};              // this thread's part of the rows' sums
+
+  // ---- main loop ----
+  for (int n = 0; n < ntiles; ++n) {
+    cp_async_wait<kS - 2>();
+    __syncthreads();  // tile n has landed; every warp is done with tile n - 1 (its stage is free)
+    if (n + kS - 1 < ntiles) issue((n + kS - 1) % kS);
+    cp_async_commit();
+    if (tid < kTK && n + kS < ntiles) {
+      store_row((n + kS) % kS);
+      pf = paged_row_ref(bt, static_cast<int64_t>(kb) + static_cast<int64_t>(n + kS + 1) * kTK + tid,
+                         ke, ps, true);
+    }
+
+    // This warp's keys [kw, kw + 16); a slice past the range (last tile) is skipped.
+    const int64_t kw64 = static_cast<int64_t>(kb) + static_cast<int64_t>(n) * kTK + warp * 16;
+    if (kw64 >= ke) continue;
+    const int32_t kw = static_cast<int32_t>(kw64);
+    const uint32_t sK = ring_addr + (n % kS) * C::kStageBytes;
+    const uint32_t sV = sK + C::kTileBytes;
+
+    // S = Q K^T: s[nt] holds keys kw + nt * 8 + 2t + {0, 1} of rows g ([0], [1]) and g + 8.
+    float s[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t kf[4];
+      mma_detail::ldmatrix_x4(kf, mma_detail::chunk_pair(sK + k_lane, kk));
+      if constexpr (C::kQRegs) {
+        mma_detail::mma_16816<T>(s[0], qa[kk], kf[0], kf[1]);
+        mma_detail::mma_16816<T>(s[1], qa[kk], kf[2], kf[3]);
+      } else {
+        uint32_t qf[4];
+        mma_detail::ldmatrix_x4(qf, mma_detail::chunk_pair(q_lane, kk));
+        mma_detail::mma_16816<T>(s[0], qf, kf[0], kf[1]);
+        mma_detail::mma_16816<T>(s[1], qf, kf[2], kf[3]);
+      }
+    }
+
+    // scale, softcap, mask (after the softcap: tanh would turn -inf into a finite score)
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        s[nt][e] = has_cap ? tanhf(s[nt][e] * cap_in) * x_scale : s[nt][e] * x_scale;
+    }
+    const bool full = kw >= lo_last && kw64 + 16 <= hi_first && kw64 + 16 <= ke;
+    if (!full) {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int hf = e >> 1;
+          const int64_t j = kw64 + nt * 8 + 2 * t + (e & 1);
+          if (!(j < ke && j >= lo_r[hf] && j < hi_r[hf])) s[nt][e] = neg_inf();
+        }
+      }
+    }
+
+    // Online softmax, per warp, with lazy rescaling: a row keeps its reference max until a
+    // score exceeds it by more than kRescale; O and the sum share the reference, so the result
+    // is exact. The decision is warp-uniform. A row whose reference is still -inf subtracts 0.
+    {
+      float mx[2];
+      bool grow = false;
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        float m = fmaxf(fmaxf(s[0][2 * hf], s[0][2 * hf + 1]), fmaxf(s[1][2 * hf], s[1][2 * hf + 1]));
+        m = fmaxf(m, __shfl_xor_sync(kFull, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(kFull, m, 2));
+        mx[hf] = m;
+        grow |= m > m_ref[hf] + kRescale;
+      }
+      if (__any_sync(kFull, grow)) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const float m_new = fmaxf(m_ref[hf], mx[hf]);
+          const float corr = fast_exp2(m_ref[hf] - (m_new == neg_inf() ? 0.f : m_new));
+          m_ref[hf] = m_new;
+          l_sum[hf] *= corr;
+#pragma unroll
+          for (int dt = 0; dt < kDT; ++dt) {
+            o[dt][2 * hf] *= corr;
+            o[dt][2 * hf + 1] *= corr;
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const float mref = m_ref[hf] == neg_inf() ? 0.f : m_ref[hf];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float pv = fast_exp2(s[nt][2 * hf + c] - mref);
+          s[nt][2 * hf + c] = pv;
+          l_sum[hf] += pv;
+        }
+      }
+    }
+
+    // O += P V: P (16 rows x the warp's 16 keys) is one k16 A tile.
+    uint32_t pa[4];
+    pa[0] = mma_detail::pack2<T>(s[0][0], s[0][1]);
+    pa[1] = mma_detail::pack2<T>(s[0][2], s[0][3]);
+    pa[2] = mma_detail::pack2<T>(s[1][0], s[1][1]);
+    pa[3] = mma_detail::pack2<T>(s[1][2], s[1][3]);
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      uint32_t vf[4];
+      mma_detail::ldmatrix_x4_trans(vf, mma_detail::chunk_pair(sV + v_lane, dp));
+      mma_detail::mma_16816<T>(o[2 * dp], pa, vf[0], vf[1]);
+      mma_detail::mma_16816<T>(o[2 * dp + 1], pa, vf[2], vf[3]);
+    }
+  }
+
+  // ---- epilogue: merge the warps' states ----
+  cp_async_wait<0>();
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    l_sum[hf] += __shfl_xor_sync(kFull, l_sum[hf], 1);
+    l_sum[hf] += __shfl_xor_sync(kFull, l_sum[hf], 2);
+    if (t == 0) {
+      wm_s[warp * kRows + g + 8 * hf] = m_ref[hf];
+      wl_s[warp * kRows + g + 8 * hf] = l_sum[hf];
+    }
+  }
+  // also: every warp is done with the ring (red_s overlays it) and every copy has landed
+  if (__syncthreads_or(bad)) {
+    store_nan();
+    return;
+  }
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int r = g + 8 * hf;
+    float mf = neg_inf();
+#pragma unroll
+    for (int w = 0; w < C::kWarps; ++w) mf = fmaxf(mf, wm_s[w * kRows + r]);
+    const float mref = mf == neg_inf() ? 0.f : mf;
+    const float f = fast_exp2(m_ref[hf] - mref);
+    float* dst = red_s + (warp * kRows + r) * C::kRedStride + 2 * t;
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt)
+      *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(o[dt][2 * hf] * f, o[dt][2 * hf + 1] * f);
+    if (warp == 0 && t == 0) {
+      float l = 0.f;
+#pragma unroll
+      for (int w = 0; w < C::kWarps; ++w)
+        l += fast_exp2(wm_s[w * kRows + r] - mref) * wl_s[w * kRows + r];
+      fm_s[r] = mref;
+      fl_s[r] = l;
+    }
+  }
+  __syncthreads();
+  constexpr float kLn2 = 0.6931471805599453f;
+  for (int idx = tid; idx < mvalid * (D / 4); idx += kNT) {
+    const int m = idx / (D / 4);
+    const int q4 = idx - m * (D / 4);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < C::kWarps; ++w) {
+      const float4 v = *reinterpret_cast<const float4*>(red_s + (w * kRows + m) * C::kRedStride + 4 * q4);
+      acc.x += v.x;
+      acc.y += v.y;
+      acc.z += v.z;
+      acc.w += v.w;
+    }
+    const float l = fl_s[m];
+    const float inv = l == 0.f ? 0.f : 1.f / l;
+    const float lse = l == 0.f ? neg_inf() : (fm_s[m] + log2f(l)) * kLn2;
+    paged_store_out<T, D>(p, b, kvh, split, G, m0 + m, q4,
+                          make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv),
+                          q4 == 0, lse);
+  }
+}
+
+// Paged decode attention on tensor cores (and the split-KV merge when num_splits > 1) for q and
+// cache of type T (__half or __nv_bfloat16), D == Dv == head dim; parameters accepted by
+// paged_mma_supported. Asynchronous on `stream`; never synchronizes or allocates.
+template <typename T, int D>
+cudaError_t launch_paged_attention_mma(const PagedAttentionParams& p, cudaStream_t stream) {
+  static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>,
+                "float16 or bfloat16");
+  using C = MmaCfg<D>;
+  const int64_t rows = static_cast<int64_t>(p.num_heads / p.num_heads_k) * p.seqlen_q;
+  const int64_t chunks = (rows + C::kRows - 1) / C::kRows;
+  const int64_t blocks = static_cast<int64_t>(p.batch) * p.num_heads_k * p.num_splits * chunks;
+  if (blocks == 0) return cudaSuccess;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  auto kernel = paged_attention_mma_kernel<T, D>;
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
+  if (err != cudaSuccess) return err;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared);
+  if (err != cudaSuccess) return err;
+  kernel<<<static_cast<unsigned>(blocks), C::kThreads, C::kSmem, stream>>>(
+      p, static_cast<int32_t>(chunks));
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  return launch_paged_merge<T, D>(p, stream);
+}
+
+}  // namespace paged
+}  // namespace jax_flash

@@ -1,0 +1,429 @@
+// Standalone GPU check of the paged decode kernels (no XLA): the CUDA-core kernel
+// (launch_paged_attention_mt) and the tensor-core kernel (launch_paged_attention_mma) against a
+// float64 CPU reference on random 16-bit caches (random page permutations, odd page sizes and
+// lengths, GQA groups, Sq > 1 causal, windows, softcap, splits, bad block-table data), then a
+// timing of both kernels on large decode shapes.
+//
+// Build and run from the repository root:
+//   nvcc -I cuda/include -std=c++17 -O3 --expt-relaxed-constexpr -gencode arch=compute_90a,code=sm_90a \
+//     -o /tmp/pm tools/paged_mma_check.cu cuda/src/paged_attention_mma_bf16.cu \
+//     cuda/src/paged_attention_mma_f16.cu && /tmp/pm
+// Exit status 0 when every case passes.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "jax_flash/paged_attention_mma.cuh"
+
+using namespace jax_flash;
+
+#define CK(x)                                                                          \
+  do {                                                                                 \
+    cudaError_t e_ = (x);                                                              \
+    if (e_ != cudaSuccess) {                                                           \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(2);                                                                    \
+    }                                                                                  \
+  } while (0)
+
+template <typename T>
+static float tf(T x);
+template <>
+float tf<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <>
+float tf<__half>(__half x) { return __half2float(x); }
+template <typename T>
+__host__ __device__ T ft(float x) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __float2half_rn(x);
+  } else {
+    return __float2bfloat16_rn(x);
+  }
+}
+
+struct Case {
+  int D, G, Hkv, Sq, ps, splits;
+  std::vector<int> lens;
+  float softcap = 0.f;
+  int wl = -1, wr = 0;  // causal by default
+  bool bad = false;     // corrupt some sequences
+  bool f16 = false;
+};
+
+enum Kernel { kSimt = 0, kMma = 1 };
+
+template <typename T>
+static cudaError_t run_kernel(Kernel k, const PagedAttentionParams& p, cudaStream_t s) {
+  const int64_t rows = static_cast<int64_t>(p.num_heads / p.num_heads_k) * p.seqlen_q;
+  const int mt = paged::paged_rows_per_cta(rows);
+#define JF_SIMT(D)                                                                          \
+  if (p.head_dim == D) {                                                                    \
+    if (k == kMma) return paged::launch_paged_attention_mma<T, D>(p, s);                    \
+    if (mt == 4) return paged::launch_paged_attention_mt<T, T, D, 4>(p, s);                 \
+    if (mt == 8) return paged::launch_paged_attention_mt<T, T, D, 8>(p, s);                 \
+    return paged::launch_paged_attention_mt<T, T, D, 16>(p, s);                             \
+  }
+  JF_SIMT(64)
+  JF_SIMT(128)
+  JF_SIMT(256)
+#undef JF_SIMT
+  return cudaErrorInvalidValue;
+}
+
+// Device buffers of one problem.
+struct Dev {
+  void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
+  float *lse = nullptr, *op = nullptr, *lp = nullptr;
+  int32_t *bt = nullptr, *kl = nullptr;
+  void free_all() {
+    for (void* x : {q, k, v, o, (void*)lse, (void*)op, (void*)lp, (void*)bt, (void*)kl})
+      if (x) cudaFree(x);
+  }
+};
+
+template <typename T>
+static PagedAttentionParams make_params(const Dev& d, int B, int Sq, int Hq, int Hkv, int D,
+                                        int num_pages, int ps, int max_pages, int splits,
+                                        float softcap, int wl, int wr) {
+  PagedAttentionParams p{};
+  p.q = d.q;
+  p.k_pages = d.k;
+  p.v_pages = d.v;
+  p.k_scale = nullptr;
+  p.v_scale = nullptr;
+  p.block_tables = d.bt;
+  p.kv_lens = d.kl;
+  p.o = d.o;
+  p.lse = d.lse;
+  p.o_partial = d.op;
+  p.lse_partial = d.lp;
+  p.batch = B;
+  p.seqlen_q = Sq;
+  p.num_heads = Hq;
+  p.num_heads_k = Hkv;
+  p.head_dim = D;
+  p.head_dim_v = D;
+  p.num_pages = num_pages;
+  p.page_size = ps;
+  p.max_pages = max_pages;
+  p.num_splits = splits;
+  p.softmax_scale = 1.f / std::sqrt(static_cast<float>(D));
+  p.softcap = softcap;
+  p.window_left = wl;
+  p.window_right = wr;
+  const bool bf = std::is_same_v<T, __nv_bfloat16>;
+  p.dtype = bf ? DType::kBFloat16 : DType::kFloat16;
+  p.cache_dtype = bf ? CacheDType::kBFloat16 : CacheDType::kFloat16;
+  p.scale_mode = ScaleMode::kNone;
+  return p;
+}
+
+static std::mt19937_64 rng(1234);
+
+template <typename T>
+static bool run_case(const Case& c) {
+  const int B = static_cast<int>(c.lens.size());
+  const int D = c.D, G = c.G, Hkv = c.Hkv, Hq = G * Hkv, Sq = c.Sq, ps = c.ps;
+  std::vector<int> lens = c.lens;
+  int max_pages = 1, need = 0;
+  std::vector<int> npg(B);
+  for (int b = 0; b < B; ++b) {
+    npg[b] = std::max(1, (lens[b] + ps - 1) / ps);
+    need += npg[b];
+    max_pages = std::max(max_pages, npg[b] + 1);
+  }
+  const int num_pages = need + 3;
+  std::vector<int> perm(num_pages);
+  for (int i = 0; i < num_pages; ++i) perm[i] = i;
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> bt(static_cast<size_t>(B) * max_pages, -1);  // unused entries: garbage
+  for (int b = 0, at = 0; b < B; ++b)
+    for (int j = 0; j < npg[b]; ++j) bt[static_cast<size_t>(b) * max_pages + j] = perm[at++];
+  std::vector<bool> bad_seq(B, false);
+  if (c.bad && B >= 5) {
+    bt[1 * max_pages + std::min(1, npg[1] - 1)] = num_pages + 1000;  // invalid id in use
+    bad_seq[1] = lens[1] > 0;
+    bt[2 * max_pages + 0] = -5;
+    bad_seq[2] = lens[2] > 0;
+    lens[3] = max_pages * ps + 1;  // beyond capacity
+    bad_seq[3] = true;
+    lens[4] = -1;
+    bad_seq[4] = true;
+    bt[0 * max_pages + max_pages - 1] = 1 << 30;  // past the used pages: never read
+  }
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const size_t nq = static_cast<size_t>(B) * Sq * Hq * D;
+  const size_t nkv = static_cast<size_t>(num_pages) * ps * Hkv * D;
+  std::vector<T> hq(nq), hk(nkv), hv(nkv);
+  for (auto& x : hq) x = ft<T>(nd(rng));
+  for (auto& x : hk) x = ft<T>(nd(rng));
+  for (auto& x : hv) x = ft<T>(nd(rng));
+
+  Dev d;
+  CK(cudaMalloc(&d.q, nq * sizeof(T)));
+  CK(cudaMalloc(&d.k, nkv * sizeof(T)));
+  CK(cudaMalloc(&d.v, nkv * sizeof(T)));
+  CK(cudaMalloc(&d.o, nq * sizeof(T)));
+  CK(cudaMalloc(&d.lse, static_cast<size_t>(B) * Hq * Sq * 4));
+  CK(cudaMalloc(&d.op, nq * c.splits * 4));
+  CK(cudaMalloc(&d.lp, static_cast<size_t>(B) * Hq * Sq * c.splits * 4));
+  CK(cudaMalloc(&d.bt, bt.size() * 4));
+  CK(cudaMalloc(&d.kl, B * 4));
+  CK(cudaMemcpy(d.q, hq.data(), nq * sizeof(T), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d.k, hk.data(), nkv * sizeof(T), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d.v, hv.data(), nkv * sizeof(T), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d.bt, bt.data(), bt.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d.kl, lens.data(), B * 4, cudaMemcpyHostToDevice));
+  const PagedAttentionParams p = make_params<T>(d, B, Sq, Hq, Hkv, D, num_pages, ps, max_pages,
+                                                c.splits, c.softcap, c.wl, c.wr);
+
+  // float64 reference
+  std::vector<double> ro(nq, 0.0), rl(static_cast<size_t>(B) * Hq * Sq, -INFINITY);
+  for (int b = 0; b < B; ++b) {
+    if (bad_seq[b]) continue;
+    const int kl = lens[b];
+    for (int i = 0; i < Sq; ++i) {
+      const long diag = static_cast<long>(i) + kl - Sq;
+      long lo = 0, hi = kl;
+      if (c.wl >= 0) lo = std::max(lo, diag - c.wl);
+      if (c.wr >= 0) hi = std::min(hi, diag + c.wr + 1);
+      for (int h = 0; h < Hq; ++h) {
+        const int kvh = h / G;
+        const T* qr = &hq[((static_cast<size_t>(b) * Sq + i) * Hq + h) * D];
+        std::vector<double> sc;
+        double mx = -INFINITY;
+        for (long j = lo; j < hi; ++j) {
+          const int page = bt[static_cast<size_t>(b) * max_pages + j / ps];
+          const size_t row = (static_cast<size_t>(page) * ps + j % ps) * Hkv + kvh;
+          double s = 0;
+          for (int e = 0; e < D; ++e) s += double(tf(qr[e])) * double(tf(hk[row * D + e]));
+          s *= p.softmax_scale;
+          if (c.softcap > 0) s = c.softcap * std::tanh(s / c.softcap);
+          sc.push_back(s);
+          mx = std::max(mx, s);
+        }
+        if (sc.empty()) continue;
+        double sum = 0;
+        for (double& s : sc) sum += (s = std::exp(s - mx));
+        double* out = &ro[((static_cast<size_t>(b) * Sq + i) * Hq + h) * D];
+        for (long j = lo; j < hi; ++j) {
+          const int page = bt[static_cast<size_t>(b) * max_pages + j / ps];
+          const size_t row = (static_cast<size_t>(page) * ps + j % ps) * Hkv + kvh;
+          const double w = sc[j - lo] / sum;
+          for (int e = 0; e < D; ++e) out[e] += w * double(tf(hv[row * D + e]));
+        }
+        rl[(static_cast<size_t>(b) * Hq + h) * Sq + i] = mx + std::log(sum);
+      }
+    }
+  }
+
+  const double tol = std::is_same_v<T, __half> ? 2e-3 : 1.2e-2;
+  bool all_ok = true;
+  std::string desc = std::string(std::is_same_v<T, __half> ? "f16 " : "bf16") + " D" +
+                     std::to_string(D) + " G" + std::to_string(G) + " Hkv" + std::to_string(Hkv) +
+                     " Sq" + std::to_string(Sq) + " page" + std::to_string(ps) + " splits" +
+                     std::to_string(c.splits) + (c.softcap > 0 ? " softcap" : "") +
+                     (c.wl >= 0 ? " wl" + std::to_string(c.wl) : "") +
+                     (c.wr < 0 ? " noncausal" : "") + (c.bad ? " bad-data" : "");
+  for (Kernel k : {kSimt, kMma}) {
+    CK(cudaMemset(d.o, 0x7f, nq * sizeof(T)));  // garbage: every row must be written
+    CK(run_kernel<T>(k, p, 0));
+    CK(cudaDeviceSynchronize());
+    std::vector<T> ho(nq);
+    std::vector<float> hl(rl.size());
+    CK(cudaMemcpy(ho.data(), d.o, nq * sizeof(T), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hl.data(), d.lse, hl.size() * 4, cudaMemcpyDeviceToHost));
+    double num = 0, den = 0, lse_err = 0;
+    bool ok = true;
+    for (int b = 0; b < B; ++b)
+      for (int i = 0; i < Sq; ++i)
+        for (int h = 0; h < Hq; ++h) {
+          const size_t ob = ((static_cast<size_t>(b) * Sq + i) * Hq + h) * D;
+          const size_t lb = (static_cast<size_t>(b) * Hq + h) * Sq + i;
+          if (bad_seq[b]) {
+            ok &= std::isnan(hl[lb]);
+            for (int e = 0; e < D; ++e) ok &= std::isnan(tf(ho[ob + e]));
+            continue;
+          }
+          for (int e = 0; e < D; ++e) {
+            const double x = tf(ho[ob + e]);
+            ok &= std::isfinite(x);
+            num += (x - ro[ob + e]) * (x - ro[ob + e]);
+            den += ro[ob + e] * ro[ob + e];
+          }
+          if (std::isinf(rl[lb])) {
+            ok &= std::isinf(hl[lb]) && hl[lb] < 0;
+            for (int e = 0; e < D; ++e) ok &= tf(ho[ob + e]) == 0.f;
+          } else {
+            lse_err = std::max(lse_err, std::fabs(hl[lb] - rl[lb]) / std::max(1.0, std::fabs(rl[lb])));
+          }
+        }
+    const double rel = std::sqrt(num / (den > 0 ? den : 1.0));
+    ok &= rel <= tol && lse_err <= tol;
+    all_ok &= ok;
+    std::printf("%-4s %-58s rel err %.3e  lse err %.3e  %s\n", k == kSimt ? "simt" : "mma",
+                desc.c_str(), rel, lse_err, ok ? "PASS" : "FAIL");
+  }
+  d.free_all();
+  return all_ok;
+}
+
+// ---- timing ----
+
+template <typename T>
+__global__ void fill_random(T* x, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed ^ static_cast<uint32_t>(i >> 32);
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    x[i] = ft<T>((static_cast<float>(h & 0xffff) / 65536.f - 0.5f) * 3.f);
+  }
+}
+
+template <typename T>
+static void time_case(int B, int ctx, int Hq, int Hkv, int Sq, int D, int ps, int num_sms) {
+  const int max_pages = (ctx + ps - 1) / ps;
+  const int num_pages = B * max_pages;
+  std::vector<int32_t> bt(static_cast<size_t>(B) * max_pages);
+  std::vector<int> perm(num_pages);
+  for (int i = 0; i < num_pages; ++i) perm[i] = i;
+  std::shuffle(perm.begin(), perm.end(), rng);
+  for (size_t i = 0; i < bt.size(); ++i) bt[i] = perm[i];
+  std::vector<int> lens(B, ctx);
+  const size_t nq = static_cast<size_t>(B) * Sq * Hq * D;
+  const size_t nkv = static_cast<size_t>(num_pages) * ps * Hkv * D;
+  const int G = Hq / Hkv;
+  int splits[2];
+  for (int k = 0; k < 2; ++k) {
+    paged::paged_mma_mode() = k;  // 0: CUDA-core kernel's heuristic, 1: tensor-core kernel's
+    splits[k] = paged_num_splits_heuristic(B, Hkv, G, Sq, int64_t(max_pages) * ps, num_sms, D, true);
+  }
+  paged::paged_mma_mode() = -1;
+  const int max_s = std::max(splits[0], splits[1]);
+  Dev d;
+  CK(cudaMalloc(&d.q, nq * sizeof(T)));
+  CK(cudaMalloc(&d.k, nkv * sizeof(T)));
+  CK(cudaMalloc(&d.v, nkv * sizeof(T)));
+  CK(cudaMalloc(&d.o, nq * sizeof(T)));
+  CK(cudaMalloc(&d.lse, static_cast<size_t>(B) * Hq * Sq * 4));
+  CK(cudaMalloc(&d.op, nq * max_s * 4));
+  CK(cudaMalloc(&d.lp, static_cast<size_t>(B) * Hq * Sq * max_s * 4));
+  CK(cudaMalloc(&d.bt, bt.size() * 4));
+  CK(cudaMalloc(&d.kl, B * 4));
+  fill_random<T><<<1024, 256>>>(static_cast<T*>(d.q), nq, 1);
+  fill_random<T><<<4096, 256>>>(static_cast<T*>(d.k), nkv, 2);
+  fill_random<T><<<4096, 256>>>(static_cast<T*>(d.v), nkv, 3);
+  CK(cudaMemcpy(d.bt, bt.data(), bt.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d.kl, lens.data(), B * 4, cudaMemcpyHostToDevice));
+  CK(cudaDeviceSynchronize());
+  const double bytes = 2.0 * B * double(ctx) * Hkv * D * sizeof(T);
+  double med[2];
+  std::vector<T> out[2];
+  for (int k = 0; k < 2; ++k) {
+    const PagedAttentionParams p = make_params<T>(d, B, Sq, Hq, Hkv, D, num_pages, ps, max_pages,
+                                                  splits[k], 0.f, -1, 0);
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    for (int w = 0; w < 5; ++w) CK(run_kernel<T>(static_cast<Kernel>(k), p, 0));
+    std::vector<float> ms;
+    for (int it = 0; it < 50; ++it) {
+      CK(cudaEventRecord(e0));
+      CK(run_kernel<T>(static_cast<Kernel>(k), p, 0));
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      float t = 0;
+      CK(cudaEventElapsedTime(&t, e0, e1));
+      ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    med[k] = ms[ms.size() / 2];
+    out[k].resize(nq);
+    CK(cudaMemcpy(out[k].data(), d.o, nq * sizeof(T), cudaMemcpyDeviceToHost));
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+  }
+  double num = 0, den = 0;
+  for (size_t i = 0; i < nq; ++i) {
+    const double a = tf(out[0][i]), b = tf(out[1][i]);
+    num += (a - b) * (a - b);
+    den += a * a;
+  }
+  std::printf(
+      "B=%-3d ctx=%-6d Hq/Hkv=%d/%d Sq=%d D=%d page=%d: simt %8.1f us (s%-2d %6.0f GB/s)  "
+      "mma %8.1f us (s%-2d %6.0f GB/s)  speedup %.2fx  simt-vs-mma rel diff %.1e\n",
+      B, ctx, Hq, Hkv, Sq, D, ps, med[0] * 1e3, splits[0], bytes / (med[0] * 1e6), med[1] * 1e3,
+      splits[1], bytes / (med[1] * 1e6), med[0] / med[1], std::sqrt(num / (den > 0 ? den : 1)));
+  d.free_all();
+}
+
+int main(int argc, char** argv) {
+  int dev = 0, num_sms = 0;
+  CK(cudaGetDevice(&dev));
+  CK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev));
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, dev));
+  std::printf("device: %s, %d SMs\n", prop.name, num_sms);
+  bool ok = true;
+  const std::vector<int> lens = {0, 5, 97, 333, 1001};
+  for (int D : {64, 128, 256})
+    for (int G : {4, 8})
+      for (int Sq : {1, 4})
+        for (int ps : {7, 16})
+          for (int splits : {1, 3}) {
+            Case c{D, G, 2, Sq, ps, splits, lens};
+            ok &= run_case<__nv_bfloat16>(c);
+          }
+  // odd groups (padding rows, several 16-row chunks), options, float16, bad data
+  for (int D : {64, 128, 256}) {
+    Case c{D, 3, 2, 2, 16, 2, lens};  // 6 rows
+    ok &= run_case<__nv_bfloat16>(c);
+    Case c2{D, 7, 2, 4, 7, 3, lens};  // 28 rows: two chunks
+    ok &= run_case<__nv_bfloat16>(c2);
+    Case c3{D, 8, 2, 4, 16, 1, lens};
+    c3.softcap = 4.f;
+    ok &= run_case<__half>(c3);
+    Case c4{D, 4, 2, 4, 16, 2, lens};
+    c4.wl = 40;  // sliding window, causal
+    ok &= run_case<__nv_bfloat16>(c4);
+    Case c5{D, 4, 2, 4, 5, 3, lens};
+    c5.wl = 3;
+    c5.wr = 0;
+    ok &= run_case<__half>(c5);
+    Case c6{D, 8, 2, 4, 16, 2, lens};
+    c6.wr = -1;  // non-causal
+    ok &= run_case<__nv_bfloat16>(c6);
+    Case c7{D, 8, 2, 1, 16, 2, {40, 40, 40, 40, 40}};
+    c7.bad = true;
+    ok &= run_case<__nv_bfloat16>(c7);
+    Case c8{D, 8, 2, 1, 16, 1, {40, 40, 40, 40, 40}};
+    c8.bad = true;
+    ok &= run_case<__half>(c8);
+    Case c9{D, 16, 1, 1, 1, 4, {1, 2, 3, 50, 129}};  // page size 1
+    ok &= run_case<__nv_bfloat16>(c9);
+  }
+  std::printf("correctness: %s\n", ok ? "ALL PASS" : "SOME FAILED");
+  std::printf("default dispatch: G*Sq=4 -> %s, G*Sq=8 -> %s (JAX_FLASH_PAGED_MMA=%s)\n",
+              paged::paged_use_mma(true, 4) ? "mma" : "simt",
+              paged::paged_use_mma(true, 8) ? "mma" : "simt",
+              std::getenv("JAX_FLASH_PAGED_MMA") ? std::getenv("JAX_FLASH_PAGED_MMA") : "unset");
+  if (argc > 1 && std::string(argv[1]) == "--no-timing") return ok ? 0 : 1;
+  std::printf("timing (bf16, median of 50, K+V bytes / time; each kernel with its own split "
+              "heuristic):\n");
+  for (int Hq : {32, 64})
+    for (int Sq : {1, 4}) time_case<__nv_bfloat16>(64, 8192, Hq, 8, Sq, 128, 16, num_sms);
+  for (int Hq : {32, 64})
+    for (int Sq : {1, 4}) time_case<__nv_bfloat16>(1, 32768, Hq, 8, Sq, 128, 16, num_sms);
+  return ok ? 0 : 1;
+}
