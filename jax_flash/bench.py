@@ -411,6 +411,7 @@ def run_prefill(
     device, kind, info, roof = _start(grid)
     mem = _mem_limit(device)
     shapes = _grid(grid, kind, dtypes) if shapes is None else list(shapes)
+    out_path = _out_path("prefill", info, out_dir) if out_dir else None
     rows = []
     t_start = time.perf_counter()
     for i, s in enumerate(shapes):
@@ -460,6 +461,8 @@ def run_prefill(
             print(msg, flush=True)
         print(f"    (loop harness {row['harness_us']:.1f} us/iteration)", flush=True)
         rows.append(row)
+        if out_path:
+            _save_partial(out_path, "prefill", info, roof, rows)
         del q, k, v, ref
     elapsed = time.perf_counter() - t_start
     _print_table(rows, kind)
@@ -467,7 +470,7 @@ def run_prefill(
     info["elapsed_s"] = elapsed
     result = {"benchmark": "prefill", "info": info, "rooflines": roof, "rows": rows}
     if out_dir:
-        _save(result, out_dir)
+        _save(result, out_dir, out_path)
     return result
 
 
@@ -511,13 +514,26 @@ def _print_table(rows, kind):
 # saving and plots
 
 
-def _save(result, out_dir):
+def _out_path(name, info, out_dir):
+    """Path (without extension) of a run's JSON and PNG: benchmark, device and start time."""
+    dev = info["device"].replace(" ", "_")
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S")
+    return os.path.join(out_dir, f"{name}_{dev}_{stamp}")
+
+
+def _save_partial(path, name, info, roof, rows):
+    """The rows measured so far, rewritten after each row (a run cut short keeps them)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    partial = {"benchmark": name, "info": info, "rooflines": roof, "rows": rows, "partial": True}
+    with open(path + ".json", "w") as f:
+        json.dump(partial, f, indent=1)
+
+
+def _save(result, out_dir, path=None):
     """JSON of the whole result, and a PNG plot (if matplotlib is installed)."""
     name = result["benchmark"]
     os.makedirs(out_dir, exist_ok=True)
-    dev = result["info"]["device"].replace(" ", "_")
-    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S")
-    path = os.path.join(out_dir, f"{name}_{dev}_{stamp}")
+    path = path or _out_path(name, result["info"], out_dir)
     with open(path + ".json", "w") as f:
         json.dump(result, f, indent=1)
     print(f"saved {path}.json")
@@ -842,6 +858,7 @@ def run_decode(grid="quick", dtypes=("bfloat16",), out_dir=None, shapes=None, sk
     device, kind, info, roof = _start(grid)
     mem = _mem_limit(device)
     shapes = _decode_grid(grid, kind, dtypes) if shapes is None else list(shapes)
+    out_path = _out_path("decode", info, out_dir) if out_dir else None
     rows = []
     t_start = time.perf_counter()
     for i, s in enumerate(shapes):
@@ -895,6 +912,8 @@ def run_decode(grid="quick", dtypes=("bfloat16",), out_dir=None, shapes=None, sk
                 row["results"]["pallas_best"] = {"error": next(iter(pallas.values()))["error"]}
         print(f"    (loop harness {row['harness_us']:.1f} us/iteration)", flush=True)
         rows.append(row)
+        if out_path:
+            _save_partial(out_path, "decode", info, roof, rows)
         del data, ref
     elapsed = time.perf_counter() - t_start
     _print_decode_table(rows, roof)
@@ -909,7 +928,7 @@ def run_decode(grid="quick", dtypes=("bfloat16",), out_dir=None, shapes=None, sk
         "rows": rows,
     }
     if out_dir:
-        _save(result, out_dir)
+        _save(result, out_dir, out_path)
     return result
 
 
