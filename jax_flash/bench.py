@@ -562,6 +562,8 @@ def _plot_prefill(plt, result):
     fig, axes = plt.subplots(
         math.ceil(n / cols), cols, figsize=(4.5 * cols, 3.5 * math.ceil(n / cols)), squeeze=False
     )
+    every = sorted({m for r in result["rows"] for m in r["results"]})
+    color = {m: f"C{i}" for i, m in enumerate(every)}  # one colour per implementation
     for ax, (key, rs) in zip(axes.flat, groups.items(), strict=False):
         impls = {m for r in rs for m in r["results"]}
         for impl in sorted(impls):
@@ -569,7 +571,7 @@ def _plot_prefill(plt, result):
             xs = [r["shape"]["seqlen"] for r in done]
             ys = [r["results"][impl]["tflops"] for r in done]
             if xs:
-                ax.plot(xs, ys, marker="o", label=impl)
+                ax.plot(xs, ys, marker="o", label=impl, color=color[impl])
         ax.set_xscale("log", base=2)
         ax.set_title(f"{key[0]} H{key[1]}/{key[2]} D{key[3]} {'causal' if key[4] else 'full'}")
         ax.set_xlabel("sequence length")
