@@ -1,16 +1,18 @@
 // Standalone GPU check of the paged decode kernels (no XLA): the CUDA-core kernel
 // (launch_paged_attention_mt) and the tensor-core kernel (launch_paged_attention_mma) against a
-// float64 CPU reference on random 16-bit caches (random page permutations, odd page sizes and
-// lengths, GQA groups, Sq > 1 causal, windows, softcap, splits, bad block-table data), then a
-// timing of both kernels on large decode shapes.
+// float64 CPU reference on random 16-bit caches and int8 / float8 e4m3 caches with per-head or
+// per-token scales (random page permutations, odd page sizes and lengths, GQA groups, Sq > 1
+// causal, windows, softcap, splits, bad block-table data), then a timing of both kernels on
+// large decode shapes (16-bit and 8-bit caches).
 //
 // Build and run from the repository root:
 //   nvcc -I cuda/include -std=c++17 -O3 --expt-relaxed-constexpr -gencode arch=compute_90a,code=sm_90a \
-//     -o /tmp/pm tools/paged_mma_check.cu cuda/src/paged_attention_mma_bf16.cu \
-//     cuda/src/paged_attention_mma_f16.cu && /tmp/pm
-// Exit status 0 when every case passes.
+//     -o /tmp/pm tools/paged_mma_check.cu cuda/src/paged_attention_mma_*.cu && /tmp/pm
+// Exit status 0 when every case passes. Flags: --no-timing (correctness only), --q8 (only the
+// 8-bit cache cases and timing rows, with bf16 reference rows).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -41,13 +43,32 @@ template <>
 float tf<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
 template <>
 float tf<__half>(__half x) { return __half2float(x); }
+template <>
+float tf<int8_t>(int8_t x) { return static_cast<float>(x); }
+template <>
+float tf<__nv_fp8_e4m3>(__nv_fp8_e4m3 x) { return static_cast<float>(x); }
 template <typename T>
 __host__ __device__ T ft(float x) {
   if constexpr (std::is_same_v<T, __half>) {
     return __float2half_rn(x);
-  } else {
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     return __float2bfloat16_rn(x);
+  } else if constexpr (std::is_same_v<T, int8_t>) {
+    // code of x in [-1.5, 1.5): spread over [-127, 127]
+    const float y = rintf(x * 84.f);
+    return static_cast<int8_t>(y > 127.f ? 127.f : (y < -127.f ? -127.f : y));
+  } else {
+    return __nv_fp8_e4m3(x * 64.f);  // e4m3 code (|x| < 7: no saturation, no NaN)
   }
+}
+template <typename TC>
+constexpr bool is8() { return sizeof(TC) == 1; }
+template <typename TC>
+const char* cname() {
+  if constexpr (std::is_same_v<TC, __half>) return "f16";
+  else if constexpr (std::is_same_v<TC, __nv_bfloat16>) return "bf16";
+  else if constexpr (std::is_same_v<TC, int8_t>) return "int8";
+  else return "e4m3";
 }
 
 struct Case {
@@ -57,20 +78,21 @@ struct Case {
   int wl = -1, wr = 0;  // causal by default
   bool bad = false;     // corrupt some sequences
   bool f16 = false;
+  ScaleMode scale = ScaleMode::kNone;  // 8-bit caches: per head or per token
 };
 
 enum Kernel { kSimt = 0, kMma = 1 };
 
-template <typename T>
+template <typename T, typename TC = T>
 static cudaError_t run_kernel(Kernel k, const PagedAttentionParams& p, cudaStream_t s) {
   const int64_t rows = static_cast<int64_t>(p.num_heads / p.num_heads_k) * p.seqlen_q;
   const int mt = paged::paged_rows_per_cta(rows);
 #define JF_SIMT(D)                                                                          \
   if (p.head_dim == D) {                                                                    \
-    if (k == kMma) return paged::launch_paged_attention_mma<T, D>(p, s);                    \
-    if (mt == 4) return paged::launch_paged_attention_mt<T, T, D, 4>(p, s);                 \
-    if (mt == 8) return paged::launch_paged_attention_mt<T, T, D, 8>(p, s);                 \
-    return paged::launch_paged_attention_mt<T, T, D, 16>(p, s);                             \
+    if (k == kMma) return paged::launch_paged_attention_mma<T, D, TC>(p, s);                \
+    if (mt == 4) return paged::launch_paged_attention_mt<T, TC, D, 4>(p, s);                \
+    if (mt == 8) return paged::launch_paged_attention_mt<T, TC, D, 8>(p, s);                \
+    return paged::launch_paged_attention_mt<T, TC, D, 16>(p, s);                            \
   }
   JF_SIMT(64)
   JF_SIMT(128)
@@ -82,24 +104,26 @@ static cudaError_t run_kernel(Kernel k, const PagedAttentionParams& p, cudaStrea
 // Device buffers of one problem.
 struct Dev {
   void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
-  float *lse = nullptr, *op = nullptr, *lp = nullptr;
+  float *lse = nullptr, *op = nullptr, *lp = nullptr, *ks = nullptr, *vs = nullptr;
   int32_t *bt = nullptr, *kl = nullptr;
   void free_all() {
-    for (void* x : {q, k, v, o, (void*)lse, (void*)op, (void*)lp, (void*)bt, (void*)kl})
+    for (void* x : {q, k, v, o, (void*)lse, (void*)op, (void*)lp, (void*)bt, (void*)kl,
+                    (void*)ks, (void*)vs})
       if (x) cudaFree(x);
   }
 };
 
-template <typename T>
+template <typename T, typename TC = T>
 static PagedAttentionParams make_params(const Dev& d, int B, int Sq, int Hq, int Hkv, int D,
                                         int num_pages, int ps, int max_pages, int splits,
-                                        float softcap, int wl, int wr) {
+                                        float softcap, int wl, int wr,
+                                        ScaleMode sm = ScaleMode::kNone) {
   PagedAttentionParams p{};
   p.q = d.q;
   p.k_pages = d.k;
   p.v_pages = d.v;
-  p.k_scale = nullptr;
-  p.v_scale = nullptr;
+  p.k_scale = d.ks;
+  p.v_scale = d.vs;
   p.block_tables = d.bt;
   p.kv_lens = d.kl;
   p.o = d.o;
@@ -123,13 +147,15 @@ static PagedAttentionParams make_params(const Dev& d, int B, int Sq, int Hq, int
   const bool bf = std::is_same_v<T, __nv_bfloat16>;
   p.dtype = bf ? DType::kBFloat16 : DType::kFloat16;
   p.cache_dtype = bf ? CacheDType::kBFloat16 : CacheDType::kFloat16;
-  p.scale_mode = ScaleMode::kNone;
+  if constexpr (std::is_same_v<TC, int8_t>) p.cache_dtype = CacheDType::kInt8;
+  if constexpr (std::is_same_v<TC, __nv_fp8_e4m3>) p.cache_dtype = CacheDType::kFloat8E4M3;
+  p.scale_mode = sm;
   return p;
 }
 
 static std::mt19937_64 rng(1234);
 
-template <typename T>
+template <typename T, typename TC = T>
 static bool run_case(const Case& c) {
   const int B = static_cast<int>(c.lens.size());
   const int D = c.D, G = c.G, Hkv = c.Hkv, Hq = G * Hkv, Sq = c.Sq, ps = c.ps;
@@ -163,28 +189,53 @@ static bool run_case(const Case& c) {
   std::normal_distribution<float> nd(0.f, 1.f);
   const size_t nq = static_cast<size_t>(B) * Sq * Hq * D;
   const size_t nkv = static_cast<size_t>(num_pages) * ps * Hkv * D;
-  std::vector<T> hq(nq), hk(nkv), hv(nkv);
+  std::vector<T> hq(nq);
+  std::vector<TC> hk(nkv), hv(nkv);
   for (auto& x : hq) x = ft<T>(nd(rng));
-  for (auto& x : hk) x = ft<T>(nd(rng));
-  for (auto& x : hv) x = ft<T>(nd(rng));
+  for (auto& x : hk) x = ft<TC>(nd(rng));
+  for (auto& x : hv) x = ft<TC>(nd(rng));
+  // Scales (8-bit caches): x = code * scale (paged_params.h); per head [Hkv] or per token
+  // [num_pages, page_size, Hkv], random in [0.5, 1.5] / (code range) so that x ~ N(0, 1).
+  const ScaleMode sm = is8<TC>() ? c.scale : ScaleMode::kNone;
+  const size_t nsc = sm == ScaleMode::kPerHead ? Hkv : (sm == ScaleMode::kPerToken ? nkv / D : 0);
+  std::vector<float> hks(nsc), hvs(nsc);
+  {
+    std::uniform_real_distribution<float> ud(0.5f, 1.5f);
+    const float unit = std::is_same_v<TC, int8_t> ? 1.f / 84.f : 1.f / 64.f;
+    for (auto& x : hks) x = ud(rng) * unit;
+    for (auto& x : hvs) x = ud(rng) * unit;
+  }
+  // dequantised cache element e of cache row `row` ((page * ps + off) * Hkv + kvh)
+  auto deq = [&](const std::vector<TC>& cache, const std::vector<float>& sc, size_t row, int e) {
+    double x = tf(cache[row * D + e]);
+    if (sm == ScaleMode::kPerHead) x *= double(sc[row % Hkv]);
+    if (sm == ScaleMode::kPerToken) x *= double(sc[row]);
+    return x;
+  };
 
   Dev d;
   CK(cudaMalloc(&d.q, nq * sizeof(T)));
-  CK(cudaMalloc(&d.k, nkv * sizeof(T)));
-  CK(cudaMalloc(&d.v, nkv * sizeof(T)));
+  CK(cudaMalloc(&d.k, nkv * sizeof(TC)));
+  CK(cudaMalloc(&d.v, nkv * sizeof(TC)));
   CK(cudaMalloc(&d.o, nq * sizeof(T)));
   CK(cudaMalloc(&d.lse, static_cast<size_t>(B) * Hq * Sq * 4));
   CK(cudaMalloc(&d.op, nq * c.splits * 4));
+  if (nsc > 0) {
+    CK(cudaMalloc(&d.ks, nsc * 4));
+    CK(cudaMalloc(&d.vs, nsc * 4));
+    CK(cudaMemcpy(d.ks, hks.data(), nsc * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d.vs, hvs.data(), nsc * 4, cudaMemcpyHostToDevice));
+  }
   CK(cudaMalloc(&d.lp, static_cast<size_t>(B) * Hq * Sq * c.splits * 4));
   CK(cudaMalloc(&d.bt, bt.size() * 4));
   CK(cudaMalloc(&d.kl, B * 4));
   CK(cudaMemcpy(d.q, hq.data(), nq * sizeof(T), cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(d.k, hk.data(), nkv * sizeof(T), cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(d.v, hv.data(), nkv * sizeof(T), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d.k, hk.data(), nkv * sizeof(TC), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d.v, hv.data(), nkv * sizeof(TC), cudaMemcpyHostToDevice));
   CK(cudaMemcpy(d.bt, bt.data(), bt.size() * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(d.kl, lens.data(), B * 4, cudaMemcpyHostToDevice));
-  const PagedAttentionParams p = make_params<T>(d, B, Sq, Hq, Hkv, D, num_pages, ps, max_pages,
-                                                c.splits, c.softcap, c.wl, c.wr);
+  const PagedAttentionParams p = make_params<T, TC>(d, B, Sq, Hq, Hkv, D, num_pages, ps,
+                                                    max_pages, c.splits, c.softcap, c.wl, c.wr, sm);
 
   // float64 reference
   std::vector<double> ro(nq, 0.0), rl(static_cast<size_t>(B) * Hq * Sq, -INFINITY);
@@ -205,7 +256,7 @@ static bool run_case(const Case& c) {
           const int page = bt[static_cast<size_t>(b) * max_pages + j / ps];
           const size_t row = (static_cast<size_t>(page) * ps + j % ps) * Hkv + kvh;
           double s = 0;
-          for (int e = 0; e < D; ++e) s += double(tf(qr[e])) * double(tf(hk[row * D + e]));
+          for (int e = 0; e < D; ++e) s += double(tf(qr[e])) * deq(hk, hks, row, e);
           s *= p.softmax_scale;
           if (c.softcap > 0) s = c.softcap * std::tanh(s / c.softcap);
           sc.push_back(s);
@@ -219,7 +270,7 @@ static bool run_case(const Case& c) {
           const int page = bt[static_cast<size_t>(b) * max_pages + j / ps];
           const size_t row = (static_cast<size_t>(page) * ps + j % ps) * Hkv + kvh;
           const double w = sc[j - lo] / sum;
-          for (int e = 0; e < D; ++e) out[e] += w * double(tf(hv[row * D + e]));
+          for (int e = 0; e < D; ++e) out[e] += w * deq(hv, hvs, row, e);
         }
         rl[(static_cast<size_t>(b) * Hq + h) * Sq + i] = mx + std::log(sum);
       }
@@ -228,7 +279,11 @@ static bool run_case(const Case& c) {
 
   const double tol = std::is_same_v<T, __half> ? 2e-3 : 1.2e-2;
   bool all_ok = true;
-  std::string desc = std::string(std::is_same_v<T, __half> ? "f16 " : "bf16") + " D" +
+  std::string desc = std::string(std::is_same_v<T, __half> ? "f16 " : "bf16") +
+                     (is8<TC>() ? std::string("/") + cname<TC>() +
+                                      (sm == ScaleMode::kPerHead ? "/head" : "/token")
+                                : std::string()) +
+                     " D" +
                      std::to_string(D) + " G" + std::to_string(G) + " Hkv" + std::to_string(Hkv) +
                      " Sq" + std::to_string(Sq) + " page" + std::to_string(ps) + " splits" +
                      std::to_string(c.splits) + (c.softcap > 0 ? " softcap" : "") +
@@ -236,7 +291,7 @@ static bool run_case(const Case& c) {
                      (c.wr < 0 ? " noncausal" : "") + (c.bad ? " bad-data" : "");
   for (Kernel k : {kSimt, kMma}) {
     CK(cudaMemset(d.o, 0x7f, nq * sizeof(T)));  // garbage: every row must be written
-    CK(run_kernel<T>(k, p, 0));
+    CK((run_kernel<T, TC>(k, p, 0)));
     CK(cudaDeviceSynchronize());
     std::vector<T> ho(nq);
     std::vector<float> hl(rl.size());
@@ -270,7 +325,7 @@ static bool run_case(const Case& c) {
     const double rel = std::sqrt(num / (den > 0 ? den : 1.0));
     ok &= rel <= tol && lse_err <= tol;
     all_ok &= ok;
-    std::printf("%-4s %-58s rel err %.3e  lse err %.3e  %s\n", k == kSimt ? "simt" : "mma",
+    std::printf("%-4s %-68s rel err %.3e  lse err %.3e  %s\n", k == kSimt ? "simt" : "mma",
                 desc.c_str(), rel, lse_err, ok ? "PASS" : "FAIL");
   }
   d.free_all();
@@ -291,8 +346,12 @@ __global__ void fill_random(T* x, size_t n, uint32_t seed) {
   }
 }
 
-template <typename T>
-static void time_case(int B, int ctx, int Hq, int Hkv, int Sq, int D, int ps, int num_sms) {
+static double g_ref_mma_ms = 0;  // last 16-bit row's tensor-core time (tokens/s ratio)
+
+template <typename T, typename TC = T>
+static void time_case(int B, int ctx, int Hq, int Hkv, int Sq, int D, int ps, int num_sms,
+                      ScaleMode sm = ScaleMode::kNone) {
+  if (!is8<TC>()) sm = ScaleMode::kNone;
   const int max_pages = (ctx + ps - 1) / ps;
   const int num_pages = B * max_pages;
   std::vector<int32_t> bt(static_cast<size_t>(B) * max_pages);
@@ -313,34 +372,45 @@ static void time_case(int B, int ctx, int Hq, int Hkv, int Sq, int D, int ps, in
   const int max_s = std::max(splits[0], splits[1]);
   Dev d;
   CK(cudaMalloc(&d.q, nq * sizeof(T)));
-  CK(cudaMalloc(&d.k, nkv * sizeof(T)));
-  CK(cudaMalloc(&d.v, nkv * sizeof(T)));
+  CK(cudaMalloc(&d.k, nkv * sizeof(TC)));
+  CK(cudaMalloc(&d.v, nkv * sizeof(TC)));
   CK(cudaMalloc(&d.o, nq * sizeof(T)));
   CK(cudaMalloc(&d.lse, static_cast<size_t>(B) * Hq * Sq * 4));
   CK(cudaMalloc(&d.op, nq * max_s * 4));
+  const size_t nsc = sm == ScaleMode::kPerHead ? Hkv : (sm == ScaleMode::kPerToken ? nkv / D : 0);
+  if (nsc > 0) {
+    std::vector<float> hs(nsc);
+    for (size_t i = 0; i < nsc; ++i) hs[i] = (1.f + 0.25f * static_cast<float>(i % 7)) / 84.f;
+    CK(cudaMalloc(&d.ks, nsc * 4));
+    CK(cudaMalloc(&d.vs, nsc * 4));
+    CK(cudaMemcpy(d.ks, hs.data(), nsc * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d.vs, hs.data(), nsc * 4, cudaMemcpyHostToDevice));
+  }
   CK(cudaMalloc(&d.lp, static_cast<size_t>(B) * Hq * Sq * max_s * 4));
   CK(cudaMalloc(&d.bt, bt.size() * 4));
   CK(cudaMalloc(&d.kl, B * 4));
   fill_random<T><<<1024, 256>>>(static_cast<T*>(d.q), nq, 1);
-  fill_random<T><<<4096, 256>>>(static_cast<T*>(d.k), nkv, 2);
-  fill_random<T><<<4096, 256>>>(static_cast<T*>(d.v), nkv, 3);
+  fill_random<TC><<<4096, 256>>>(static_cast<TC*>(d.k), nkv, 2);
+  fill_random<TC><<<4096, 256>>>(static_cast<TC*>(d.v), nkv, 3);
   CK(cudaMemcpy(d.bt, bt.data(), bt.size() * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(d.kl, lens.data(), B * 4, cudaMemcpyHostToDevice));
   CK(cudaDeviceSynchronize());
-  const double bytes = 2.0 * B * double(ctx) * Hkv * D * sizeof(T);
+  // bytes read: K and V (and their per-token scales)
+  const double bytes = 2.0 * B * double(ctx) * Hkv * (D * sizeof(TC) +
+                                                      (sm == ScaleMode::kPerToken ? 4 : 0));
   double med[2];
   std::vector<T> out[2];
   for (int k = 0; k < 2; ++k) {
-    const PagedAttentionParams p = make_params<T>(d, B, Sq, Hq, Hkv, D, num_pages, ps, max_pages,
-                                                  splits[k], 0.f, -1, 0);
+    const PagedAttentionParams p = make_params<T, TC>(d, B, Sq, Hq, Hkv, D, num_pages, ps,
+                                                      max_pages, splits[k], 0.f, -1, 0, sm);
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    for (int w = 0; w < 5; ++w) CK(run_kernel<T>(static_cast<Kernel>(k), p, 0));
+    for (int w = 0; w < 5; ++w) CK((run_kernel<T, TC>(static_cast<Kernel>(k), p, 0)));
     std::vector<float> ms;
     for (int it = 0; it < 50; ++it) {
       CK(cudaEventRecord(e0));
-      CK(run_kernel<T>(static_cast<Kernel>(k), p, 0));
+      CK((run_kernel<T, TC>(static_cast<Kernel>(k), p, 0)));
       CK(cudaEventRecord(e1));
       CK(cudaEventSynchronize(e1));
       float t = 0;
@@ -360,11 +430,20 @@ static void time_case(int B, int ctx, int Hq, int Hkv, int Sq, int D, int ps, in
     num += (a - b) * (a - b);
     den += a * a;
   }
+  // 8-bit rows: tokens/s relative to the preceding 16-bit row's tensor-core kernel
+  char extra[64] = "";
+  if (!is8<TC>()) {
+    g_ref_mma_ms = med[1];
+  } else if (g_ref_mma_ms > 0) {
+    std::snprintf(extra, sizeof(extra), "  mma tokens/s %.2fx 16-bit", g_ref_mma_ms / med[1]);
+  }
   std::printf(
-      "B=%-3d ctx=%-6d Hq/Hkv=%d/%d Sq=%d D=%d page=%d: simt %8.1f us (s%-2d %6.0f GB/s)  "
-      "mma %8.1f us (s%-2d %6.0f GB/s)  speedup %.2fx  simt-vs-mma rel diff %.1e\n",
+      "%-4s%-6s B=%-3d ctx=%-6d Hq/Hkv=%d/%d Sq=%d D=%d page=%d: simt %8.1f us (s%-2d %6.0f GB/s)  "
+      "mma %8.1f us (s%-2d %6.0f GB/s)  speedup %.2fx  simt-vs-mma rel diff %.1e%s\n",
+      cname<TC>(), sm == ScaleMode::kPerHead ? "/head" : (sm == ScaleMode::kPerToken ? "/token" : ""),
       B, ctx, Hq, Hkv, Sq, D, ps, med[0] * 1e3, splits[0], bytes / (med[0] * 1e6), med[1] * 1e3,
-      splits[1], bytes / (med[1] * 1e6), med[0] / med[1], std::sqrt(num / (den > 0 ? den : 1)));
+      splits[1], bytes / (med[1] * 1e6), med[0] / med[1], std::sqrt(num / (den > 0 ? den : 1)),
+      extra);
   d.free_all();
 }
 
@@ -376,17 +455,24 @@ int main(int argc, char** argv) {
   CK(cudaGetDeviceProperties(&prop, dev));
   std::printf("device: %s, %d SMs\n", prop.name, num_sms);
   bool ok = true;
+  bool no_timing = false, q8_only = false;  // --no-timing; --q8: only the 8-bit cases and rows
+  for (int i = 1; i < argc; ++i) {
+    no_timing |= std::string(argv[i]) == "--no-timing";
+    q8_only |= std::string(argv[i]) == "--q8";
+  }
   const std::vector<int> lens = {0, 5, 97, 333, 1001};
   for (int D : {64, 128, 256})
     for (int G : {4, 8})
       for (int Sq : {1, 4})
         for (int ps : {7, 16})
           for (int splits : {1, 3}) {
+            if (q8_only) continue;
             Case c{D, G, 2, Sq, ps, splits, lens};
             ok &= run_case<__nv_bfloat16>(c);
           }
   // odd groups (padding rows, several 16-row chunks), options, float16, bad data
   for (int D : {64, 128, 256}) {
+    if (q8_only) break;
     Case c{D, 3, 2, 2, 16, 2, lens};  // 6 rows
     ok &= run_case<__nv_bfloat16>(c);
     Case c2{D, 7, 2, 4, 7, 3, lens};  // 28 rows: two chunks
@@ -413,17 +499,64 @@ int main(int argc, char** argv) {
     Case c9{D, 16, 1, 1, 1, 4, {1, 2, 3, 50, 129}};  // page size 1
     ok &= run_case<__nv_bfloat16>(c9);
   }
+  // 8-bit caches (int8, e4m3) with per-head and per-token scales, both q dtypes
+  for (int D : {64, 128, 256}) {
+    for (ScaleMode sm : {ScaleMode::kPerHead, ScaleMode::kPerToken}) {
+      Case a{D, 4, 2, 1, 16, 1, lens};
+      a.scale = sm;
+      ok &= run_case<__nv_bfloat16, int8_t>(a);
+      ok &= run_case<__half, __nv_fp8_e4m3>(a);
+      Case b2{D, 8, 2, 4, 7, 3, lens};
+      b2.scale = sm;
+      ok &= run_case<__half, int8_t>(b2);
+      ok &= run_case<__nv_bfloat16, __nv_fp8_e4m3>(b2);
+      Case c3{D, 7, 2, 4, 5, 2, lens};  // 28 rows: two chunks
+      c3.scale = sm;
+      c3.softcap = 4.f;
+      ok &= run_case<__nv_bfloat16, int8_t>(c3);
+      ok &= run_case<__half, __nv_fp8_e4m3>(c3);
+      Case c4{D, 4, 2, 4, 16, 2, lens};
+      c4.scale = sm;
+      c4.wl = 40;
+      ok &= run_case<__half, int8_t>(c4);
+      ok &= run_case<__nv_bfloat16, __nv_fp8_e4m3>(c4);
+      Case c5{D, 8, 2, 1, 16, 2, {40, 40, 40, 40, 40}};
+      c5.scale = sm;
+      c5.bad = true;
+      ok &= run_case<__nv_bfloat16, int8_t>(c5);
+      ok &= run_case<__half, __nv_fp8_e4m3>(c5);
+      Case c6{D, 16, 1, 1, 1, 4, {1, 2, 3, 50, 129}};  // page size 1
+      c6.scale = sm;
+      c6.wr = -1;
+      ok &= run_case<__half, int8_t>(c6);
+      ok &= run_case<__nv_bfloat16, __nv_fp8_e4m3>(c6);
+    }
+  }
   std::printf("correctness: %s\n", ok ? "ALL PASS" : "SOME FAILED");
   std::printf("default dispatch: G*Sq=4 -> %s, G*Sq=8 -> %s (JAX_FLASH_PAGED_MMA=%s)\n",
               paged::paged_use_mma(true, 4) ? "mma" : "simt",
               paged::paged_use_mma(true, 8) ? "mma" : "simt",
               std::getenv("JAX_FLASH_PAGED_MMA") ? std::getenv("JAX_FLASH_PAGED_MMA") : "unset");
-  if (argc > 1 && std::string(argv[1]) == "--no-timing") return ok ? 0 : 1;
-  std::printf("timing (bf16, median of 50, K+V bytes / time; each kernel with its own split "
-              "heuristic):\n");
-  for (int Hq : {32, 64})
-    for (int Sq : {1, 4}) time_case<__nv_bfloat16>(64, 8192, Hq, 8, Sq, 128, 16, num_sms);
-  for (int Hq : {32, 64})
-    for (int Sq : {1, 4}) time_case<__nv_bfloat16>(1, 32768, Hq, 8, Sq, 128, 16, num_sms);
+  if (no_timing) return ok ? 0 : 1;
+  if (!q8_only) {
+    std::printf("timing (bf16, median of 50, K+V bytes / time; each kernel with its own split "
+                "heuristic):\n");
+    for (int Hq : {32, 64})
+      for (int Sq : {1, 4}) time_case<__nv_bfloat16>(64, 8192, Hq, 8, Sq, 128, 16, num_sms);
+    for (int Hq : {32, 64})
+      for (int Sq : {1, 4}) time_case<__nv_bfloat16>(1, 32768, Hq, 8, Sq, 128, 16, num_sms);
+  }
+  std::printf("timing, 8-bit caches (bf16 q; GB/s of the 8-bit K+V bytes and per-token scales; "
+              "bf16 rows for reference):\n");
+  for (int B : {64, 1}) {
+    const int ctx = B == 64 ? 8192 : 32768;
+    time_case<__nv_bfloat16>(B, ctx, 32, 8, 1, 128, 16, num_sms);
+    for (ScaleMode sm : {ScaleMode::kPerHead, ScaleMode::kPerToken}) {
+      time_case<__nv_bfloat16, int8_t>(B, ctx, 32, 8, 1, 128, 16, num_sms, sm);
+      time_case<__nv_bfloat16, __nv_fp8_e4m3>(B, ctx, 32, 8, 1, 128, 16, num_sms, sm);
+    }
+    time_case<__half, int8_t>(B, ctx, 32, 8, 1, 128, 16, num_sms, ScaleMode::kPerToken);
+    time_case<__half, __nv_fp8_e4m3>(B, ctx, 32, 8, 1, 128, 16, num_sms, ScaleMode::kPerToken);
+  }
   return ok ? 0 : 1;
 }

@@ -99,11 +99,11 @@ def default_num_splits(
     paged_num_splits_heuristic in cuda/include/jax_flash/paged_attention.cuh.
 
     The CUDA-core kernel runs one CTA per (sequence, kv head, split, chunk of <= 16 query rows of
-    the group); two 4-8-row CTAs (or one 16-row CTA) fit an SM. The tensor-core kernel (16-bit
-    caches of q's dtype, `mma_ok`, taken from 4 query rows per kv head or as JAX_FLASH_PAGED_MMA
-    says) runs 16-row CTAs, 3 / 2 / 1 per SM for head dims 64 / 128 / 256. Aim for about one
-    wave: no split if the CTAs already fill 80% of the slots, else the largest power of two that
-    fills them, with at least 128 keys per split. Measured best on an H100 for bf16 GQA-4 (B=1 ->
+    the group); two 4-8-row CTAs (or one 16-row CTA) fit an SM. The tensor-core kernel (f16 / bf16
+    q with a cache of q's dtype or an int8 / e4m3 cache, `mma_ok`, taken from 4 query rows per kv
+    head or as JAX_FLASH_PAGED_MMA says) runs 16-row CTAs, 3 / 2 / 1 per SM for head dims
+    64 / 128 / 256. Aim for about one wave: no split if the CTAs already fill 80% of the slots,
+    else the largest power of two that fills them, with at least 128 keys per split. Measured best on an H100 for bf16 GQA-4 (B=1 ->
     32, 2 -> 16, 4 -> 8, 8 -> 4, 16 -> 2, >= 32 -> 1)."""
     rows = group * seqlen_q
     mode = _paged_mma_mode()
@@ -211,9 +211,11 @@ def paged_attention(
     _checks.implementation(_OP, implementation)
     max_pages = block_tables.shape[1]
     if num_splits is None:
+        # The tensor-core kernel (paged_mma_supported): f16 / bf16 q with a cache of q's dtype
+        # or an int8 / float8 e4m3 cache (scaled).
         mma_ok = (
             q4.dtype in (jnp.float16, jnp.bfloat16)
-            and k_pages.dtype == q4.dtype
+            and (k_pages.dtype == q4.dtype or k_pages.dtype in QUANTIZED_DTYPES)
             and D == Dv
             and D in (64, 128, 256)
         )

@@ -29,8 +29,9 @@
 // o_partial / lse_partial; paged_merge_kernel combines them (one CTA per output row, fixed
 // order: deterministic), launched as a programmatic dependent launch on sm_90+.
 //
-// 16-bit caches with larger GQA groups go to the tensor-core kernel of paged_attention_mma.cuh
-// instead (paged_use_mma; it shares the page-table, bad-data and output helpers and the merge).
+// 16-bit q with a cache of q's dtype or an int8 / e4m3 cache and larger GQA groups go to the
+// tensor-core kernel of paged_attention_mma.cuh instead (paged_use_mma; it shares the page-table,
+// bad-data and output helpers and the merge).
 //
 // No XLA headers here.
 #pragma once
@@ -869,7 +870,8 @@ template <typename TQ, int D>
 cudaError_t launch_paged_merge(const PagedAttentionParams& p, cudaStream_t stream);
 
 // ---- Tensor-core path (paged_attention_mma.cuh) ----
-// Taken for 16-bit caches of q's dtype (D 64, 128, 256) when the group has at least
+// Taken for float16 / bfloat16 q with a cache of q's dtype or an int8 / float8 e4m3 cache (any
+// scale mode; D 64, 128, 256) when the group has at least
 // kPagedMmaMinRows query rows (G * Sq). Measured on an H100 (bf16, D 128, page 16, GB/s of K+V,
 // CUDA-core -> tensor-core kernel): B=64 ctx 8k G=4 Sq=1 2943 -> 2996, G=4 Sq=4 1179 -> 2980,
 // G=8 Sq=1 2194 -> 2992, G=8 Sq=4 589 -> 2765; B=1 ctx 32k G=4 Sq=1 1951 -> 2308, G=8 Sq=4
@@ -898,12 +900,17 @@ inline bool paged_use_mma(bool mma_ok, int64_t rows) {
   return mode == 1 || (mode < 0 && rows >= kPagedMmaMinRows);
 }
 
-// Whether the tensor-core kernel supports these parameters (q and cache both float16 or both
-// bfloat16, D == Dv in {64, 128, 256}, q 16-byte aligned: it is read in 16-byte vectors).
+// Whether the tensor-core kernel supports these parameters: q float16 or bfloat16 with a cache
+// of q's dtype (no scales) or an int8 / float8 e4m3 cache (per-head or per-token scales),
+// D == Dv in {64, 128, 256}, q 16-byte aligned (it is read in 16-byte vectors).
 inline bool paged_mma_supported(const PagedAttentionParams& p) {
   const bool f16 = p.dtype == DType::kFloat16 && p.cache_dtype == CacheDType::kFloat16;
   const bool bf16 = p.dtype == DType::kBFloat16 && p.cache_dtype == CacheDType::kBFloat16;
-  return (f16 || bf16) && p.scale_mode == ScaleMode::kNone && p.head_dim == p.head_dim_v &&
+  const bool q16 = p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16;
+  const bool c8 = p.cache_dtype == CacheDType::kInt8 || p.cache_dtype == CacheDType::kFloat8E4M3;
+  const bool same = (f16 || bf16) && p.scale_mode == ScaleMode::kNone;
+  const bool quant = q16 && c8 && p.scale_mode != ScaleMode::kNone;
+  return (same || quant) && p.head_dim == p.head_dim_v &&
          (p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256) &&
          reinterpret_cast<uintptr_t>(p.q) % 16 == 0;
 }
@@ -914,8 +921,9 @@ constexpr int paged_mma_ctas_per_sm(int head_dim) {
   return head_dim <= 64 ? 3 : (head_dim <= 128 ? 2 : 1);
 }
 
-// Defined in paged_attention_mma.cuh, instantiated in cuda/src/paged_attention_mma_*.cu.
-template <typename T, int D>
+// Defined in paged_attention_mma.cuh, instantiated in cuda/src/paged_attention_mma_*.cu. T: q's
+// type (__half, __nv_bfloat16); TC: the cache's (T, int8_t or __nv_fp8_e4m3).
+template <typename T, int D, typename TC = T>
 cudaError_t launch_paged_attention_mma(const PagedAttentionParams& p, cudaStream_t stream);
 
 template <typename TQ, typename TC, int D, int MT, int kStagesReq = 0>
@@ -969,9 +977,9 @@ cudaError_t launch_paged_merge(const PagedAttentionParams& p, cudaStream_t strea
 template <typename TQ, typename TC, int D>
 cudaError_t launch_paged_attention(const PagedAttentionParams& p, cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(p.num_heads / p.num_heads_k) * p.seqlen_q;
-  if constexpr (std::is_same_v<TQ, TC> && sizeof(TC) == 2) {
+  if constexpr (sizeof(TQ) == 2 && (std::is_same_v<TQ, TC> || sizeof(TC) == 1)) {
     if (paged_use_mma(paged_mma_supported(p), rows))
-      return launch_paged_attention_mma<TQ, D>(p, stream);
+      return launch_paged_attention_mma<TQ, D, TC>(p, stream);
   }
   switch (paged_rows_per_cta(rows)) {
     case 4: return launch_paged_attention_mt<TQ, TC, D, 4>(p, stream);
@@ -1001,12 +1009,18 @@ cudaError_t launch_paged_attention(const PagedAttentionParams& p, cudaStream_t s
 JAX_FLASH_PAGED_FOR_EACH(JAX_FLASH_PAGED_DECLARE)
 #undef JAX_FLASH_PAGED_DECLARE
 
-// The tensor-core launchers, in cuda/src/paged_attention_mma_{bf16,f16}.cu.
-#define JAX_FLASH_PAGED_MMA_FOR_EACH(X) \
-  X(__half, 64) X(__half, 128) X(__half, 256) \
-  X(__nv_bfloat16, 64) X(__nv_bfloat16, 128) X(__nv_bfloat16, 256)
-#define JAX_FLASH_PAGED_MMA_DECLARE(T, D)                                      \
-  extern template cudaError_t paged::launch_paged_attention_mma<T, D>(         \
+// The tensor-core launchers, in cuda/src/paged_attention_mma_{bf16,f16}.cu (16-bit caches) and
+// cuda/src/paged_attention_mma_{bf16,f16}_q8.cu (int8 / e4m3 caches).
+#define JAX_FLASH_PAGED_MMA_FOR_EACH_D(X, T, TC) X(T, 64, TC) X(T, 128, TC) X(T, 256, TC)
+#define JAX_FLASH_PAGED_MMA_FOR_EACH(X)                     \
+  JAX_FLASH_PAGED_MMA_FOR_EACH_D(X, __half, __half)         \
+  JAX_FLASH_PAGED_MMA_FOR_EACH_D(X, __half, int8_t)         \
+  JAX_FLASH_PAGED_MMA_FOR_EACH_D(X, __half, __nv_fp8_e4m3)  \
+  JAX_FLASH_PAGED_MMA_FOR_EACH_D(X, __nv_bfloat16, __nv_bfloat16) \
+  JAX_FLASH_PAGED_MMA_FOR_EACH_D(X, __nv_bfloat16, int8_t)  \
+  JAX_FLASH_PAGED_MMA_FOR_EACH_D(X, __nv_bfloat16, __nv_fp8_e4m3)
+#define JAX_FLASH_PAGED_MMA_DECLARE(T, D, TC)                                  \
+  extern template cudaError_t paged::launch_paged_attention_mma<T, D, TC>(     \
       const PagedAttentionParams&, cudaStream_t);
 JAX_FLASH_PAGED_MMA_FOR_EACH(JAX_FLASH_PAGED_MMA_DECLARE)
 #undef JAX_FLASH_PAGED_MMA_DECLARE

@@ -1,6 +1,7 @@
 // Paged decode attention on tensor cores (mma.sync m16n8k16, float32 accumulation) for float16 /
-// bfloat16 caches of q's dtype, head dims 64, 128, 256. The contract is paged_params.h's; the
-// dispatch in paged_attention.cuh sends a call here when the GQA group has enough query rows
+// bfloat16 q with a cache of q's dtype or an 8-bit cache (int8 / float8 e4m3, per-head or
+// per-token scales), head dims 64, 128, 256. The contract is paged_params.h's; the dispatch in
+// paged_attention.cuh sends a call here when the GQA group has enough query rows
 // (paged_use_mma), where the CUDA-core kernel's float32 FMAs would bound the speed.
 //
 // One CTA of 4 warps per (sequence, kv head, split, chunk of 16 query rows): the group's rows
@@ -9,9 +10,9 @@
 //
 // Copy pipeline (shared with the CUDA-core kernel through the helpers of paged_attention.cuh):
 // tiles of 64 keys, K and V rows copied with 16-byte cp.async (L1 bypass) into a ring of 3-4
-// shared-memory stages, 2-3 tiles in flight per CTA (64-192 KB per SM with 1-3 CTAs per SM). Rows
-// are placed through the page table one by one (any page size; tiles may straddle pages): thread
-// r < 64 loads the page id of row r one tile ahead, checks it and writes the row's cache offset
+// shared-memory stages, 2-3 tiles in flight per CTA (64-192 KB per SM with 1-3 CTAs per SM;
+// 8-bit caches: 6 stages of half the bytes, 5 tiles in flight). Rows are placed through the page
+// table one by one (any page size; tiles may straddle pages): thread r < 64 loads the page id of row r one tile ahead, checks it and writes the row's cache offset
 // to a ring of offsets in shared memory. Rows past the key range or behind an invalid id are
 // zero-filled and never read; an invalid id (or a scan of the whole block-table row in split 0,
 // or a bad kv length) makes the sequence NaN.
@@ -24,10 +25,30 @@
 //   exceeds it by more than 2^8 in weight, so most tiles skip the rescale),
 //   O_w += P_w V_w  (P rounded to the 16-bit type in registers as the A operand; V by
 //                    ldmatrix.x4.trans),
-// so the only barrier per tile is the ring's. At the end the warps' (max, sum, O) states are
-// merged through shared memory (overlaying the ring), normalised and stored; with split-KV
-// (num_splits > 1) as the CUDA-core kernel's o_partial / lse_partial, merged by the same
-// paged_merge_kernel.
+// so the only barrier per tile is the ring's.
+//
+// 8-bit caches (TC = int8_t / __nv_fp8_e4m3): rows of D bytes are copied the same way (per-token
+// scales travel with their tile, 4-byte cp.async, as in the CUDA-core kernel), into a ring of up
+// to 6 stages. The warps read their 16-key slice straight from the 8-bit tile into mma B
+// fragments (no ldmatrix) and convert the stored codes to q's 16-bit type, exactly and WITHOUT
+// the scale (|int8| <= 127 and every e4m3 value are exact in float16 and bfloat16):
+//   K (B of Q K^T, K[key][2 adjacent d]): lane (g, t) loads 16 bytes of key g's row at
+//     d = 64 j + 16 t; byte pair {0,1} / {2,3} of word i is its b0 / b1 of k-step kk = 4 j + i.
+//     This permutes the head dim inside each 64-wide block; Q's shared copy is stored permuted
+//     the same way (q_perm_word), so its ldmatrix fragments match and Q K^T is unchanged.
+//   V (B of P V, V[2 adjacent keys][d]): lane (g, t) loads the same D / 8 bytes of the 4 rows of
+//     keys 2t, 2t+1, 2t+8, 2t+9 and pairs the keys with byte_perm. Output column n of n8-tile dt
+//     is head-dim index vcol(n, dt) (a permutation), undone when O goes to shared memory at the
+//     end.
+// Rows are XOR-swizzled in 16-byte chunks (q8_swz) so that these loads are free of bank
+// conflicts (D = 64: 2-way on V). Scales in float32: a per-head K scale is folded into the score
+// scale, a per-token K scale multiplies the score columns after the mma; a per-head V scale
+// multiplies the final O, a per-token V scale P's columns (float32) before P is rounded to 16
+// bits (as P itself is).
+//
+// At the end the warps' (max, sum, O) states are merged through shared memory (overlaying the
+// ring), normalised and stored; with split-KV (num_splits > 1) as the CUDA-core kernel's
+// o_partial / lse_partial, merged by the same paged_merge_kernel.
 //
 // No XLA headers here.
 #pragma once
@@ -45,62 +66,160 @@
 namespace jax_flash {
 namespace paged {
 
-template <int D>
+template <int D, int kElemBytes = 2>
 struct MmaCfg {
   static_assert(D == 64 || D == 128 || D == 256, "head dim must be 64, 128 or 256");
+  static_assert(kElemBytes == 1 || kElemBytes == 2, "16-bit or 8-bit cache");
+  static constexpr bool kQ8 = kElemBytes == 1;
   static constexpr int kThreads = 128;
   static constexpr int kWarps = 4;
   static constexpr int kRows = kPagedMmaRows;             // query rows per CTA (one m16 tile)
   static constexpr int kTK = 64;                          // keys per tile, 16 per warp
-  static constexpr int kRowBytes = D * 2;                 // one K or V row (16-bit)
-  static constexpr int kChunks = D / 8;                   // 16-byte chunks per row
+  static constexpr int kRowBytes = D * kElemBytes;        // one K or V row of the cache
+  static constexpr int kChunks = kRowBytes / 16;          // 16-byte chunks per cache row
+  static constexpr int kQRowBytes = D * 2;                // one query row (16-bit)
+  static constexpr int kQChunks = D / 8;
   static constexpr int kTileBytes = kTK * kRowBytes;      // K (or V) of one tile
   static constexpr int kStageBytes = 2 * kTileBytes;      // K + V
+  static constexpr int kScaleBytes = kQ8 ? 2 * kTK * 4 : 0;  // per-token K, V scales per stage
   static constexpr int kRowsPerPass = kThreads / kChunks;  // rows one pass of cp.async covers
   static constexpr int kPasses = kTK / kRowsPerPass;
-  static constexpr int kQBytes = kRows * kRowBytes;
-  static constexpr int kQIt = kRows * kChunks / kThreads;  // 16-byte q loads per thread
+  static constexpr int kQBytes = kRows * kQRowBytes;
+  static constexpr int kQIt = kRows * kQChunks / kThreads;  // 16-byte q loads per thread
   static constexpr int kRedStride = D + 8;  // floats per row of the epilogue buffer (no conflicts)
   static constexpr int kRedBytes = kWarps * kRows * kRedStride * 4;
   static constexpr bool kQRegs = D <= 128;  // Q fragments held in registers
   static constexpr int kCtasPerSm = paged_mma_ctas_per_sm(D);
+  static constexpr int kMaxStages = kQ8 ? 6 : 4;  // 8-bit tiles are half the bytes
 
   static constexpr int ring_bytes(int stages) {
     return stages * kStageBytes > kRedBytes ? stages * kStageBytes : kRedBytes;
   }
   static constexpr int smem_bytes(int stages) {
-    return ring_bytes(stages) + stages * kTK * 8 /*row offsets*/ + kQBytes +
-           kWarps * kRows * 8 /*warp max, sum*/ + kRows * 8 /*final max, sum*/;
+    return ring_bytes(stages) + stages * kTK * 8 /*row offsets*/ + stages * kScaleBytes +
+           kQBytes + kWarps * kRows * 8 /*warp max, sum*/ + kRows * 8 /*final max, sum*/;
   }
   // An SM has 228 KB of shared memory, 1 KB of it reserved per CTA; at most 227 KB per CTA.
   static constexpr bool fits(int stages) {
-    return smem_bytes(stages) <= 227 * 1024 &&
+    return stages <= kMaxStages && smem_bytes(stages) <= 227 * 1024 &&
            kCtasPerSm * (smem_bytes(stages) + 1024) <= 228 * 1024;
   }
-  // The deepest ring (4 stages at most) that keeps kCtasPerSm CTAs per SM: D 64: 4 stages
-  // (68 KB, 3 CTAs per SM), 128: 3 (101.5 KB, 2), 256: 3 (201.5 KB, 1).
-  static constexpr int kStages = fits(4) ? 4 : (fits(3) ? 3 : 2);
+  // The deepest ring (4 stages at most for 16-bit caches, 6 for 8-bit) that keeps kCtasPerSm
+  // CTAs per SM: 16-bit D 64: 4 stages (68 KB, 3 CTAs per SM), 128: 3 (101.5 KB, 2), 256: 3
+  // (201.5 KB, 1); 8-bit: 6 stages (D 64: 55 KB, 128: 106 KB, 256: 206 KB).
+  static constexpr int kStages =
+      fits(6) ? 6 : (fits(5) ? 5 : (fits(4) ? 4 : (fits(3) ? 3 : 2)));
   static constexpr int kRingBytes = ring_bytes(kStages);
   static constexpr int kSmem = smem_bytes(kStages);
 
   static_assert(fits(kStages), "shared memory does not fit kCtasPerSm CTAs per SM");
   static_assert(kStages >= 3, "at least two tiles in flight");
   static_assert(kThreads % kChunks == 0 && kTK % kRowsPerPass == 0, "bad copy split");
-  static_assert(kQIt * kThreads == kRows * kChunks, "bad q split");
+  static_assert(kQIt * kThreads == kRows * kQChunks, "bad q split");
   static_assert(kStageBytes % 128 == 0 && (kStages * kTK * 8) % 128 == 0,
                 "tiles must stay 128-byte aligned (swizzle)");
   static_assert(kTK >= kWarps * 16 && kTK <= kThreads, "one 16-key slice per warp");
+
+  // 8-bit tiles: physical 16-byte chunk of logical chunk c in tile row r is c ^ q8_swz(r). With
+  // 8+ chunks per row, rows r and r ^ 1 differ in bit 2 (K loads: keys g, g + 1 read chunks
+  // 4j..4j+3) and the even (odd) rows of an 8-row group in bits 1-2 (V loads: keys 0, 2, 4, 6
+  // read chunk g of 2 lanes); D = 64 (4 chunks per row): the even rows take different chunks.
+  static __device__ __forceinline__ int q8_swz(int r) {
+    return kChunks >= 8 ? ((((r >> 1) & 3) << 1) ^ ((r & 1) << 2)) : ((r >> 1) & 3);
+  }
 };
 
-template <typename T, int D>
-__global__ void __launch_bounds__(MmaCfg<D>::kThreads, MmaCfg<D>::kCtasPerSm)
+namespace q8 {
+
+// Logical word (pair of 16-bit elements) of a query row of head dim D that holds physical word
+// P (elements 2P, 2P + 1) for the 8-bit K path: physical d = 64 j + 16 t + 4 i + 2 h sits at
+// logical element 16 (4 j + i) + 2 t + 8 h, where the mma's A fragment of k-step 4 j + i expects
+// the columns that lane t's K word i supplies.
+__device__ __forceinline__ int q_perm_word(int P) {
+  return ((P >> 5) * 4 + ((P >> 1) & 3)) * 8 + ((P >> 3) & 3) + 4 * (P & 1);
+}
+
+// Head-dim index of output column n (0..7) of n8-tile dt of the 8-bit V path: lane (g, t) loads
+// the bytes vcol(g, 0..D/8-1) of its V rows (16 contiguous bytes per 128 columns; D = 64: 8).
+template <int D>
+__device__ __forceinline__ int vcol(int n, int dt) {
+  if constexpr (D == 64) {
+    return 8 * n + dt;
+  } else {
+    return 128 * (dt >> 4) + 16 * n + (dt & 15);
+  }
+}
+
+// 4 cache codes (the bytes of w, low first) -> two registers of two 16-bit values of type T
+// (codes 0, 1 -> lo; 2, 3 -> hi), exact and unscaled.
+template <typename T, typename TC>
+__device__ __forceinline__ void cvt4(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  if constexpr (std::is_same_v<TC, int8_t>) {
+    if constexpr (std::is_same_v<T, __half>) {
+      // float16 1024 + u (u = x + 128 in [0, 255]) has the bits 0x64uu; minus 1152: x.
+      const uint32_t x = w ^ 0x80808080u;
+      const uint32_t a = __byte_perm(x, 0x64646464u, 0x4140);
+      const uint32_t b = __byte_perm(x, 0x64646464u, 0x4342);
+      const __half2 off = __half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));
+      __half2 ha, hb;
+      memcpy(&ha, &a, 4);
+      memcpy(&hb, &b, 4);
+      ha = __hsub2(ha, off);
+      hb = __hsub2(hb, off);
+      memcpy(&lo, &ha, 4);
+      memcpy(&hi, &hb, 4);
+    } else {
+      // x = (x & 127) - 128 * sign: bfloat16 0x43mm is 128 + m (m < 128), 0x4300 | (x & 128)
+      // is 128 or 256; their difference is exact. (byte_perm inserts the 0x43 bytes: a register
+      // constant, where an OR would cost one more instruction per pair.)
+      const uint32_t m = w & 0x7f7f7f7fu, sg = w & 0x80808080u;
+      const uint32_t am = __byte_perm(m, 0x43434343u, 0x4140);
+      const uint32_t bm = __byte_perm(m, 0x43434343u, 0x4342);
+      const uint32_t as = __byte_perm(sg, 0x43434343u, 0x4140);
+      const uint32_t bs = __byte_perm(sg, 0x43434343u, 0x4342);
+      __nv_bfloat162 x0, x1, y0, y1;
+      memcpy(&x0, &am, 4);
+      memcpy(&x1, &as, 4);
+      memcpy(&y0, &bm, 4);
+      memcpy(&y1, &bs, 4);
+      x0 = __hsub2(x0, x1);
+      y0 = __hsub2(y0, y1);
+      memcpy(&lo, &x0, 4);
+      memcpy(&hi, &y0, 4);
+    }
+  } else {
+    const __half2_raw a = __nv_cvt_fp8x2_to_halfraw2(
+        static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), __NV_E4M3);
+    const __half2_raw b = __nv_cvt_fp8x2_to_halfraw2(
+        static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
+    if constexpr (std::is_same_v<T, __half>) {
+      memcpy(&lo, &a, 4);
+      memcpy(&hi, &b, 4);
+    } else {
+      // e4m3 -> float16 -> float32 -> bfloat16: every step exact (3 mantissa bits).
+      const __nv_bfloat162 x = __float22bfloat162_rn(__half22float2(__half2(a)));
+      const __nv_bfloat162 y = __float22bfloat162_rn(__half22float2(__half2(b)));
+      memcpy(&lo, &x, 4);
+      memcpy(&hi, &y, 4);
+    }
+  }
+}
+
+}  // namespace q8
+
+template <typename T, typename TC, int D>
+__global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
+                                  MmaCfg<D, sizeof(TC)>::kCtasPerSm)
     paged_attention_mma_kernel(const PagedAttentionParams p, const int32_t num_chunks) {
-  using C = MmaCfg<D>;
+  using C = MmaCfg<D, sizeof(TC)>;
+  constexpr bool kQ8 = C::kQ8;
   constexpr int kS = C::kStages;
   constexpr int kTK = C::kTK;
   constexpr int kRB = C::kRowBytes;
   constexpr int kNT = C::kThreads;
   constexpr int kCh = C::kChunks;
+  constexpr int kQRB = C::kQRowBytes;
+  constexpr int kQCh = C::kQChunks;
   constexpr int kRows = C::kRows;
   constexpr int kDT = D / 8;  // n8 tiles of O
 
@@ -108,7 +227,9 @@ __global__ void __launch_bounds__(MmaCfg<D>::kThreads, MmaCfg<D>::kCtasPerSm)
   unsigned char* smem = mma_smem;
   unsigned char* ring = smem;                                               // [kS][K|V][kTK][kRB]
   int64_t* offs_s = reinterpret_cast<int64_t*>(smem + C::kRingBytes);      // [kS][kTK]
-  unsigned char* q_s = reinterpret_cast<unsigned char*>(offs_s + kS * kTK);  // [kRows][kRB]
+  float* scl_s = reinterpret_cast<float*>(offs_s + kS * kTK);  // 8-bit: [kS][K|V][kTK]
+  unsigned char* q_s =
+      reinterpret_cast<unsigned char*>(scl_s) + kS * C::kScaleBytes;        // [kRows][kQRB]
   float* wm_s = reinterpret_cast<float*>(q_s + C::kQBytes);                // [kWarps][kRows]
   float* wl_s = wm_s + C::kWarps * kRows;                                  // [kWarps][kRows]
   float* fm_s = wl_s + C::kWarps * kRows;                                  // [kRows]
@@ -177,6 +298,7 @@ __global__ void __launch_bounds__(MmaCfg<D>::kThreads, MmaCfg<D>::kCtasPerSm)
     if (r < mvalid) paged_visible(p, klen, (m0 + r) / G, &lo_r[hf], &hi_r[hf]);
   }
 
+  const bool per_token = kQ8 && p.scale_mode == ScaleMode::kPerToken;
   const char* kp = static_cast<const char*>(p.k_pages);
   const char* vp = static_cast<const char*>(p.v_pages);
   int bad = 0;
@@ -193,9 +315,21 @@ __global__ void __launch_bounds__(MmaCfg<D>::kThreads, MmaCfg<D>::kCtasPerSm)
     for (int i = 0; i < C::kPasses; ++i) {
       const int r = r0 + i * C::kRowsPerPass;
       const int64_t ri = offs[r];
-      const uint32_t dst = mma_detail::swizzle<kCh>(r, c);
+      uint32_t dst;
+      if constexpr (kQ8) {
+        dst = r * kRB + ((c ^ C::q8_swz(r)) << 4);
+      } else {
+        dst = mma_detail::swizzle<kCh>(r, c);
+      }
       paged_copy16(kdst + dst, kp, ri, kRB, c << 4);
       paged_copy16(vdst + dst, vp, ri, kRB, c << 4);
+    }
+    if (per_token && tid < kTK) {
+      const int64_t ri = offs[tid];
+      const int nb = ri >= 0 ? 4 : 0;
+      float* sd = scl_s + slot * 2 * kTK;
+      cp_async4(sd + tid, ri >= 0 ? p.k_scale + ri : p.k_scale, nb);
+      cp_async4(sd + kTK + tid, ri >= 0 ? p.v_scale + ri : p.v_scale, nb);
     }
   };
 
@@ -210,8 +344,8 @@ __global__ void __launch_bounds__(MmaCfg<D>::kThreads, MmaCfg<D>::kCtasPerSm)
 #pragma unroll
   for (int k = 0; k < C::kQIt; ++k) {
     const int idx = tid + k * kNT;
-    const int r = idx / kCh;
-    const int c = idx % kCh;
+    const int r = idx / kQCh;
+    const int c = idx % kQCh;
     qv[k] = make_uint4(0u, 0u, 0u, 0u);
     if (r < mvalid) {
       const int gm = m0 + r;
@@ -232,7 +366,20 @@ __global__ void __launch_bounds__(MmaCfg<D>::kThreads, MmaCfg<D>::kCtasPerSm)
 #pragma unroll
   for (int k = 0; k < C::kQIt; ++k) {
     const int idx = tid + k * kNT;
-    *reinterpret_cast<uint4*>(q_s + mma_detail::swizzle<kCh>(idx / kCh, idx % kCh)) = qv[k];
+    const int r = idx / kQCh;
+    const int c = idx % kQCh;
+    if constexpr (kQ8) {
+      // head dim permuted as the 8-bit K fragments are (q8::q_perm_word)
+      const uint32_t w[4] = {qv[k].x, qv[k].y, qv[k].z, qv[k].w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int L = q8::q_perm_word(4 * c + e);
+        *reinterpret_cast<uint32_t*>(q_s + mma_detail::swizzle<kQCh>(r, L >> 2) + 4 * (L & 3)) =
+            w[e];
+      }
+    } else {
+      *reinterpret_cast<uint4*>(q_s + mma_detail::swizzle<kQCh>(r, c)) = qv[k];
+    }
   }
   __syncthreads();
 #pragma unroll
@@ -251,13 +398,20 @@ __global__ void __launch_bounds__(MmaCfg<D>::kThreads, MmaCfg<D>::kCtasPerSm)
   //   V (B of PV, .trans, x4 = key halves x d-tiles 2dp / 2dp + 1): row (l / 8 % 2) * 8 + l % 8,
   //     chunk 2dp + l / 16
   // K and V rows are offset by the warp's 16-key slice (which keeps row % 8). ----
-  const uint32_t q_lane = mma_detail::smem_addr(q_s) + (lane & 15) * kRB +
+  const uint32_t q_lane = mma_detail::smem_addr(q_s) + (lane & 15) * kQRB +
                           (((lane >> 4) ^ (lane & 7)) << 4);
   const uint32_t k_lane = (warp * 16 + ((lane >> 4) & 1) * 8 + (lane & 7)) * kRB +
                           ((((lane >> 3) & 1) ^ (lane & 7)) << 4);
   const uint32_t v_lane = (warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kRB +
                           ((((lane >> 4) & 1) ^ (lane & 7)) << 4);
   const uint32_t ring_addr = mma_detail::smem_addr(ring);
+  // 8-bit tiles: byte offsets in a stage's K tile of this lane's K row (keys g, 8 + g of the
+  // warp's slice; both swizzled by q8_swz(g)) and of its V rows (keys 2t, 2t + 1, 2t + 8, 2t + 9)
+  // at the lane's D / 8 columns vcol(g, 0...).
+  const int k8_row = (warp * 16 + g) * kRB;
+  const int k8_swz = C::q8_swz(g);
+  const int v8_row = (warp * 16 + 2 * t) * kRB;
+  const int v8_swz0 = C::q8_swz(2 * t), v8_swz1 = C::q8_swz(2 * t + 1);
 
   uint32_t qa[C::kQRegs ? D / 16 : 1][4];
   if constexpr (C::kQRegs) {
@@ -270,8 +424,18 @@ __global__ void __launch_bounds__(MmaCfg<D>::kThreads, MmaCfg<D>::kCtasPerSm)
   constexpr float kLog2e = 1.4426950408889634f;
   constexpr float kRescale = 8.f;  // lazy rescale threshold (log2 units): weights <= 2^8
   const bool has_cap = p.softcap > 0.f;
-  const float cap_in = has_cap ? p.softmax_scale / p.softcap : 0.f;
-  const float x_scale = has_cap ? p.softcap * kLog2e : p.softmax_scale * kLog2e;
+  float cap_in = has_cap ? p.softmax_scale / p.softcap : 0.f;
+  float x_scale = has_cap ? p.softcap * kLog2e : p.softmax_scale * kLog2e;
+  float vscale_head = 1.f;
+  if (kQ8 && p.scale_mode == ScaleMode::kPerHead) {
+    const float ks = __ldg(p.k_scale + kvh);
+    if (has_cap) {
+      cap_in *= ks;
+    } else {
+      x_scale *= ks;
+    }
+    vscale_head = __ldg(p.v_scale + kvh);
+  }
 
   float o[kDT][4];
 #pragma unroll
@@ -308,18 +472,57 @@ __global__ void __launch_bounds__(MmaCfg<D>::kThreads, MmaCfg<D>::kCtasPerSm)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
     }
+    if constexpr (kQ8) {
+      const unsigned char* k8 = ring + (n % kS) * C::kStageBytes + k8_row;
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t kf[4];
-      mma_detail::ldmatrix_x4(kf, mma_detail::chunk_pair(sK + k_lane, kk));
-      if constexpr (C::kQRegs) {
-        mma_detail::mma_16816<T>(s[0], qa[kk], kf[0], kf[1]);
-        mma_detail::mma_16816<T>(s[1], qa[kk], kf[2], kf[3]);
-      } else {
-        uint32_t qf[4];
-        mma_detail::ldmatrix_x4(qf, mma_detail::chunk_pair(q_lane, kk));
-        mma_detail::mma_16816<T>(s[0], qf, kf[0], kf[1]);
-        mma_detail::mma_16816<T>(s[1], qf, kf[2], kf[3]);
+      for (int j = 0; j < D / 64; ++j) {
+        const int off = ((4 * j + t) ^ k8_swz) << 4;
+        const uint4 r0 = *reinterpret_cast<const uint4*>(k8 + off);
+        const uint4 r1 = *reinterpret_cast<const uint4*>(k8 + 8 * kRB + off);
+        const uint32_t w0[4] = {r0.x, r0.y, r0.z, r0.w};
+        const uint32_t w1[4] = {r1.x, r1.y, r1.z, r1.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int kk = 4 * j + i;
+          uint32_t kf[4];
+          q8::cvt4<T, TC>(w0[i], kf[0], kf[1]);
+          q8::cvt4<T, TC>(w1[i], kf[2], kf[3]);
+          if constexpr (C::kQRegs) {
+            mma_detail::mma_16816<T>(s[0], qa[kk], kf[0], kf[1]);
+            mma_detail::mma_16816<T>(s[1], qa[kk], kf[2], kf[3]);
+          } else {
+            uint32_t qf[4];
+            mma_detail::ldmatrix_x4(qf, mma_detail::chunk_pair(q_lane, kk));
+            mma_detail::mma_16816<T>(s[0], qf, kf[0], kf[1]);
+            mma_detail::mma_16816<T>(s[1], qf, kf[2], kf[3]);
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t kf[4];
+        mma_detail::ldmatrix_x4(kf, mma_detail::chunk_pair(sK + k_lane, kk));
+        if constexpr (C::kQRegs) {
+          mma_detail::mma_16816<T>(s[0], qa[kk], kf[0], kf[1]);
+          mma_detail::mma_16816<T>(s[1], qa[kk], kf[2], kf[3]);
+        } else {
+          uint32_t qf[4];
+          mma_detail::ldmatrix_x4(qf, mma_detail::chunk_pair(q_lane, kk));
+          mma_detail::mma_16816<T>(s[0], qf, kf[0], kf[1]);
+          mma_detail::mma_16816<T>(s[1], qf, kf[2], kf[3]);
+        }
+      }
+    }
+    const float* scl = scl_s + (n % kS) * 2 * kTK + warp * 16 + 2 * t;  // per-token scales
+    if (per_token) {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const float2 ks = *reinterpret_cast<const float2*>(scl + nt * 8);
+        s[nt][0] *= ks.x;
+        s[nt][1] *= ks.y;
+        s[nt][2] *= ks.x;
+        s[nt][3] *= ks.y;
       }
     }
 
@@ -386,18 +589,79 @@ __global__ void __launch_bounds__(MmaCfg<D>::kThreads, MmaCfg<D>::kCtasPerSm)
       }
     }
 
+    if (per_token) {  // after the sums: P's columns times the V scale of their key
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const float2 vs = *reinterpret_cast<const float2*>(scl + kTK + nt * 8);
+        s[nt][0] *= vs.x;
+        s[nt][1] *= vs.y;
+        s[nt][2] *= vs.x;
+        s[nt][3] *= vs.y;
+      }
+    }
+
     // O += P V: P (16 rows x the warp's 16 keys) is one k16 A tile.
     uint32_t pa[4];
     pa[0] = mma_detail::pack2<T>(s[0][0], s[0][1]);
     pa[1] = mma_detail::pack2<T>(s[0][2], s[0][3]);
     pa[2] = mma_detail::pack2<T>(s[1][0], s[1][1]);
     pa[3] = mma_detail::pack2<T>(s[1][2], s[1][3]);
+    if constexpr (kQ8) {
+      // Lane (g, t): words of keys 2t, 2t+1 (b0) and 2t+8, 2t+9 (b1) at columns vcol(g, dt);
+      // byte_perm pairs the two keys of each column: word w of a load feeds tiles 4w..4w+3.
+      const unsigned char* v8 = ring + (n % kS) * C::kStageBytes + C::kTileBytes + v8_row;
+      if constexpr (D == 64) {
+        const int c0 = g >> 1;
+        const int o0 = ((c0 ^ v8_swz0) << 4) + ((g & 1) << 3);
+        const int o1 = ((c0 ^ v8_swz1) << 4) + ((g & 1) << 3);
+        const uint2 a = *reinterpret_cast<const uint2*>(v8 + o0);
+        const uint2 b = *reinterpret_cast<const uint2*>(v8 + kRB + o1);
+        const uint2 c2 = *reinterpret_cast<const uint2*>(v8 + 8 * kRB + o0);
+        const uint2 d2 = *reinterpret_cast<const uint2*>(v8 + 9 * kRB + o1);
+        const uint32_t wa[2] = {a.x, a.y}, wb[2] = {b.x, b.y};
+        const uint32_t wc[2] = {c2.x, c2.y}, wd[2] = {d2.x, d2.y};
 #pragma unroll
-    for (int dp = 0; dp < D / 16; ++dp) {
-      uint32_t vf[4];
-      mma_detail::ldmatrix_x4_trans(vf, mma_detail::chunk_pair(sV + v_lane, dp));
-      mma_detail::mma_16816<T>(o[2 * dp], pa, vf[0], vf[1]);
-      mma_detail::mma_16816<T>(o[2 * dp + 1], pa, vf[2], vf[3]);
+        for (int w = 0; w < 2; ++w) {
+          uint32_t f0[4], f1[4];
+          q8::cvt4<T, TC>(__byte_perm(wa[w], wb[w], 0x5140), f0[0], f0[1]);
+          q8::cvt4<T, TC>(__byte_perm(wa[w], wb[w], 0x7362), f0[2], f0[3]);
+          q8::cvt4<T, TC>(__byte_perm(wc[w], wd[w], 0x5140), f1[0], f1[1]);
+          q8::cvt4<T, TC>(__byte_perm(wc[w], wd[w], 0x7362), f1[2], f1[3]);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) mma_detail::mma_16816<T>(o[4 * w + e], pa, f0[e], f1[e]);
+        }
+      } else {
+#pragma unroll
+        for (int h = 0; h < D / 128; ++h) {
+          const int o0 = (8 * h + (g ^ v8_swz0)) << 4;
+          const int o1 = (8 * h + (g ^ v8_swz1)) << 4;
+          const uint4 a = *reinterpret_cast<const uint4*>(v8 + o0);
+          const uint4 b = *reinterpret_cast<const uint4*>(v8 + kRB + o1);
+          const uint4 c2 = *reinterpret_cast<const uint4*>(v8 + 8 * kRB + o0);
+          const uint4 d2 = *reinterpret_cast<const uint4*>(v8 + 9 * kRB + o1);
+          const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
+          const uint32_t wc[4] = {c2.x, c2.y, c2.z, c2.w}, wd[4] = {d2.x, d2.y, d2.z, d2.w};
+#pragma unroll
+          for (int w = 0; w < 4; ++w) {
+            uint32_t f0[4], f1[4];
+            q8::cvt4<T, TC>(__byte_perm(wa[w], wb[w], 0x5140), f0[0], f0[1]);
+            q8::cvt4<T, TC>(__byte_perm(wa[w], wb[w], 0x7362), f0[2], f0[3]);
+            q8::cvt4<T, TC>(__byte_perm(wc[w], wd[w], 0x5140), f1[0], f1[1]);
+            q8::cvt4<T, TC>(__byte_perm(wc[w], wd[w], 0x7362), f1[2], f1[3]);
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              mma_detail::mma_16816<T>(o[16 * h + 4 * w + e], pa, f0[e], f1[e]);
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t vf[4];
+        mma_detail::ldmatrix_x4_trans(vf, mma_detail::chunk_pair(sV + v_lane, dp));
+        mma_detail::mma_16816<T>(o[2 * dp], pa, vf[0], vf[1]);
+        mma_detail::mma_16816<T>(o[2 * dp + 1], pa, vf[2], vf[3]);
+      }
     }
   }
 
@@ -425,10 +689,20 @@ __global__ void __launch_bounds__(MmaCfg<D>::kThreads, MmaCfg<D>::kCtasPerSm)
     for (int w = 0; w < C::kWarps; ++w) mf = fmaxf(mf, wm_s[w * kRows + r]);
     const float mref = mf == neg_inf() ? 0.f : mf;
     const float f = fast_exp2(m_ref[hf] - mref);
-    float* dst = red_s + (warp * kRows + r) * C::kRedStride + 2 * t;
+    if constexpr (kQ8) {  // undo the column permutation of the 8-bit V path
+      float* dst = red_s + (warp * kRows + r) * C::kRedStride;
 #pragma unroll
-    for (int dt = 0; dt < kDT; ++dt)
-      *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(o[dt][2 * hf] * f, o[dt][2 * hf + 1] * f);
+      for (int dt = 0; dt < kDT; ++dt) {
+        dst[q8::vcol<D>(2 * t, dt)] = o[dt][2 * hf] * f;
+        dst[q8::vcol<D>(2 * t + 1, dt)] = o[dt][2 * hf + 1] * f;
+      }
+    } else {
+      float* dst = red_s + (warp * kRows + r) * C::kRedStride + 2 * t;
+#pragma unroll
+      for (int dt = 0; dt < kDT; ++dt)
+        *reinterpret_cast<float2*>(dst + dt * 8) =
+            make_float2(o[dt][2 * hf] * f, o[dt][2 * hf + 1] * f);
+    }
     if (warp == 0 && t == 0) {
       float l = 0.f;
 #pragma unroll
@@ -453,7 +727,7 @@ __global__ void __launch_bounds__(MmaCfg<D>::kThreads, MmaCfg<D>::kCtasPerSm)
       acc.w += v.w;
     }
     const float l = fl_s[m];
-    const float inv = l == 0.f ? 0.f : 1.f / l;
+    const float inv = (l == 0.f ? 0.f : 1.f / l) * vscale_head;
     const float lse = l == 0.f ? neg_inf() : (fm_s[m] + log2f(l)) * kLn2;
     paged_store_out<T, D>(p, b, kvh, split, G, m0 + m, q4,
                           make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv),
@@ -461,20 +735,24 @@ __global__ void __launch_bounds__(MmaCfg<D>::kThreads, MmaCfg<D>::kCtasPerSm)
   }
 }
 
-// Paged decode attention on tensor cores (and the split-KV merge when num_splits > 1) for q and
-// cache of type T (__half or __nv_bfloat16), D == Dv == head dim; parameters accepted by
-// paged_mma_supported. Asynchronous on `stream`; never synchronizes or allocates.
-template <typename T, int D>
+// Paged decode attention on tensor cores (and the split-KV merge when num_splits > 1) for q of
+// type T (__half or __nv_bfloat16) and a cache of type TC (T, int8_t or __nv_fp8_e4m3), D == Dv
+// == head dim; parameters accepted by paged_mma_supported. Asynchronous on `stream`; never
+// synchronizes or allocates.
+template <typename T, int D, typename TC>
 cudaError_t launch_paged_attention_mma(const PagedAttentionParams& p, cudaStream_t stream) {
   static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>,
                 "float16 or bfloat16");
-  using C = MmaCfg<D>;
+  static_assert(std::is_same_v<TC, T> || std::is_same_v<TC, int8_t> ||
+                    std::is_same_v<TC, __nv_fp8_e4m3>,
+                "cache of q's type, int8 or float8 e4m3");
+  using C = MmaCfg<D, sizeof(TC)>;
   const int64_t rows = static_cast<int64_t>(p.num_heads / p.num_heads_k) * p.seqlen_q;
   const int64_t chunks = (rows + C::kRows - 1) / C::kRows;
   const int64_t blocks = static_cast<int64_t>(p.batch) * p.num_heads_k * p.num_splits * chunks;
   if (blocks == 0) return cudaSuccess;
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  auto kernel = paged_attention_mma_kernel<T, D>;
+  auto kernel = paged_attention_mma_kernel<T, TC, D>;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
   if (err != cudaSuccess) return err;
