@@ -5,6 +5,7 @@ where a GPU is, and reports them as skipped (with the reason) where not.
 """
 
 import jax
+import numpy as np
 import pytest
 
 import jax_flash
@@ -55,3 +56,11 @@ class Platform:
 @pytest.fixture(params=PLATFORMS)
 def platform(request):
     return Platform(request.param)
+
+
+@pytest.fixture
+def rng():
+    """A fresh random generator per test; its seed is printed (shown by pytest on failure)."""
+    seed = int(np.random.SeedSequence().entropy % (2**32))
+    print(f"seed={seed}")
+    return np.random.default_rng(seed)

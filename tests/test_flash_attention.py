@@ -13,13 +13,6 @@ from jax_flash import reference
 from _util import DTYPES, randn, rel_err, tolerance
 
 
-@pytest.fixture
-def rng():
-    seed = int(np.random.SeedSequence().entropy % (2**32))
-    print(f"seed={seed}")  # shown by pytest on failure
-    return np.random.default_rng(seed)
-
-
 def _cpu(*xs):
     cpu = jax.devices("cpu")[0]
     return [jax.device_put(x, cpu) for x in xs]

@@ -23,13 +23,6 @@ LLAMA3 = {
 LINEAR = {"type": "linear", "factor": 4.0}
 
 
-@pytest.fixture
-def rng():
-    seed = int(np.random.SeedSequence().entropy % (2**32))
-    print(f"seed={seed}")
-    return np.random.default_rng(seed)
-
-
 def _cpu(*xs):
     cpu = jax.devices("cpu")[0]
     out = [jax.device_put(x, cpu) for x in xs]

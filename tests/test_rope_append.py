@@ -25,13 +25,6 @@ CACHES = [("same", None), ("int8", "head"), ("int8", "token"), ("float8_e4m3fn",
           ("float8_e4m3fn", "token")]  # fmt: skip
 
 
-@pytest.fixture
-def rng():
-    seed = int(np.random.SeedSequence().entropy % (2**32))
-    print(f"seed={seed}")
-    return np.random.default_rng(seed)
-
-
 def _cpu(*xs):
     cpu = jax.devices("cpu")[0]
     return [None if x is None else jax.device_put(x, cpu) for x in xs]

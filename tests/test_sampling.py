@@ -18,13 +18,6 @@ from _util import DTYPES
 ALPHA = 1e-6  # false-alarm rate of each statistical check (fixed seeds make them repeatable)
 
 
-@pytest.fixture
-def rng():
-    seed = int(np.random.SeedSequence().entropy % (2**32))
-    print(f"seed={seed}")
-    return np.random.default_rng(seed)
-
-
 def _cpu(*xs):
     cpu = jax.devices("cpu")[0]
     out = [jax.device_put(x, cpu) for x in xs]
