@@ -472,6 +472,19 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
     }
+    // One k16 step: s += Q[:, 16kk:16kk+16] K^T with the K fragment kf (Q from registers, or
+    // re-read from shared memory where it does not fit them).
+    auto qk_step = [&](int kk, const uint32_t (&kf)[4]) {
+      if constexpr (C::kQRegs) {
+        mma_detail::mma_16816<T>(s[0], qa[kk], kf[0], kf[1]);
+        mma_detail::mma_16816<T>(s[1], qa[kk], kf[2], kf[3]);
+      } else {
+        uint32_t qf[4];
+        mma_detail::ldmatrix_x4(qf, mma_detail::chunk_pair(q_lane, kk));
+        mma_detail::mma_16816<T>(s[0], qf, kf[0], kf[1]);
+        mma_detail::mma_16816<T>(s[1], qf, kf[2], kf[3]);
+      }
+    };
     if constexpr (kQ8) {
       const unsigned char* k8 = ring + (n % kS) * C::kStageBytes + k8_row;
 #pragma unroll
@@ -487,15 +500,7 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
           uint32_t kf[4];
           q8::cvt4<T, TC>(w0[i], kf[0], kf[1]);
           q8::cvt4<T, TC>(w1[i], kf[2], kf[3]);
-          if constexpr (C::kQRegs) {
-            mma_detail::mma_16816<T>(s[0], qa[kk], kf[0], kf[1]);
-            mma_detail::mma_16816<T>(s[1], qa[kk], kf[2], kf[3]);
-          } else {
-            uint32_t qf[4];
-            mma_detail::ldmatrix_x4(qf, mma_detail::chunk_pair(q_lane, kk));
-            mma_detail::mma_16816<T>(s[0], qf, kf[0], kf[1]);
-            mma_detail::mma_16816<T>(s[1], qf, kf[2], kf[3]);
-          }
+          qk_step(kk, kf);
         }
       }
     } else {
@@ -503,15 +508,7 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
       for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t kf[4];
         mma_detail::ldmatrix_x4(kf, mma_detail::chunk_pair(sK + k_lane, kk));
-        if constexpr (C::kQRegs) {
-          mma_detail::mma_16816<T>(s[0], qa[kk], kf[0], kf[1]);
-          mma_detail::mma_16816<T>(s[1], qa[kk], kf[2], kf[3]);
-        } else {
-          uint32_t qf[4];
-          mma_detail::ldmatrix_x4(qf, mma_detail::chunk_pair(q_lane, kk));
-          mma_detail::mma_16816<T>(s[0], qf, kf[0], kf[1]);
-          mma_detail::mma_16816<T>(s[1], qf, kf[2], kf[3]);
-        }
+        qk_step(kk, kf);
       }
     }
     const float* scl = scl_s + (n % kS) * 2 * kTK + warp * 16 + 2 * t;  // per-token scales
