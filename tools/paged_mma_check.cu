@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -332,6 +333,91 @@ static bool run_case(const Case& c) {
   return all_ok;
 }
 
+// ---- the in-register code conversions (q8::cvt4, q8::cvt4_v), every code at every byte ----
+
+template <typename T, typename TC>
+__global__ void cvt_kernel(uint32_t* out) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;  // 256 codes x 4 byte positions
+  if (i >= 1024) return;
+  const uint32_t c = i & 255, j = i >> 8;
+  // the other bytes hold other codes
+  uint32_t w = 0;
+  for (uint32_t k = 0; k < 4; ++k) w |= (k == j ? c : (c * 37u + 11u * k + 5u) & 0xffu) << (8 * k);
+  uint32_t lo, hi;
+  paged::q8::cvt4<T, TC>(w, lo, hi);
+  out[3 * i + 0] = w;
+  out[3 * i + 1] = lo;
+  out[3 * i + 2] = hi;
+}
+
+template <typename T, typename TC>
+__global__ void cvt_v_kernel(uint32_t* out) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= 1024) return;
+  const uint32_t c = i & 255, j = i >> 8;
+  uint32_t w = 0;
+  for (uint32_t k = 0; k < 4; ++k) w |= (k == j ? c : (c * 37u + 11u * k + 5u) & 0xffu) << (8 * k);
+  uint32_t f[4];
+  paged::q8::cvt4_v<T, TC>(w, ~w ^ 0x5a5a5a5au, f);
+  for (int e = 0; e < 4; ++e) out[4 * i + e] = f[e];
+}
+
+template <typename T, typename TC>
+static float code_value(uint32_t code) {
+  TC x;
+  const uint8_t b = static_cast<uint8_t>(code);
+  std::memcpy(&x, &b, 1);
+  return tf(x);
+}
+
+template <typename T>
+static uint16_t bits16(float x) {
+  const T y = ft<T>(x);
+  uint16_t b;
+  std::memcpy(&b, &y, 2);
+  return b;
+}
+
+// Every code at every byte position through cvt4 and cvt4_v, compared bit for bit with the
+// reference conversion (code -> float -> T, exact for these types). e4m3 NaN codes are skipped
+// where the bit mapping reads them as finite (documented).
+template <typename T, typename TC>
+static bool check_cvt() {
+  uint32_t* d;
+  CK(cudaMalloc(&d, 1024 * 4 * 4));
+  std::vector<uint32_t> a(1024 * 3), v(1024 * 4);
+  cvt_kernel<T, TC><<<4, 256>>>(d);
+  CK(cudaMemcpy(a.data(), d, a.size() * 4, cudaMemcpyDeviceToHost));
+  cvt_v_kernel<T, TC><<<4, 256>>>(d);
+  CK(cudaMemcpy(v.data(), d, v.size() * 4, cudaMemcpyDeviceToHost));
+  CK(cudaFree(d));
+  int bad = 0, checked = 0;
+  auto expect = [&](uint32_t code, uint16_t got, const char* what, uint32_t w) {
+    if (!std::is_same_v<TC, int8_t> && (code & 0x7f) == 0x7f) return;  // NaN code
+    ++checked;
+    const uint16_t want = bits16<T>(code_value<T, TC>(code));
+    if (got != want && bad++ < 5)
+      std::printf("  %s word %08x code %02x: got %04x want %04x\n", what, w, code, got, want);
+  };
+  for (int i = 0; i < 1024; ++i) {
+    const uint32_t w = a[3 * i], lo = a[3 * i + 1], hi = a[3 * i + 2];
+    const uint32_t c[4] = {w & 255, (w >> 8) & 255, (w >> 16) & 255, w >> 24};
+    expect(c[0], lo & 0xffff, "cvt4", w);
+    expect(c[1], lo >> 16, "cvt4", w);
+    expect(c[2], hi & 0xffff, "cvt4", w);
+    expect(c[3], hi >> 16, "cvt4", w);
+    const uint32_t wb = ~w ^ 0x5a5a5a5au;
+    for (int e = 0; e < 4; ++e) {
+      expect(c[e], v[4 * i + e] & 0xffff, "cvt4_v", w);
+      expect((wb >> (8 * e)) & 255, v[4 * i + e] >> 16, "cvt4_v", w);
+    }
+  }
+  std::printf("%-4s/%-4s code conversion (cvt4, cvt4_v): %d values  %s\n",
+              std::is_same_v<T, __half> ? "f16" : "bf16", cname<TC>(), checked,
+              bad ? "FAIL" : "PASS");
+  return bad == 0;
+}
+
 // ---- timing ----
 
 template <typename T>
@@ -347,6 +433,8 @@ __global__ void fill_random(T* x, size_t n, uint32_t seed) {
 }
 
 static double g_ref_mma_ms = 0;  // last 16-bit row's tensor-core time (tokens/s ratio)
+static int g_warm = 5, g_iters = 50;  // --profile: 1 and 1, tensor-core kernel only
+static bool g_mma_only = false;
 
 template <typename T, typename TC = T>
 static void time_case(int B, int ctx, int Hq, int Hkv, int Sq, int D, int ps, int num_sms,
@@ -400,15 +488,15 @@ static void time_case(int B, int ctx, int Hq, int Hkv, int Sq, int D, int ps, in
                                                       (sm == ScaleMode::kPerToken ? 4 : 0));
   double med[2];
   std::vector<T> out[2];
-  for (int k = 0; k < 2; ++k) {
+  for (int k = g_mma_only ? 1 : 0; k < 2; ++k) {
     const PagedAttentionParams p = make_params<T, TC>(d, B, Sq, Hq, Hkv, D, num_pages, ps,
                                                       max_pages, splits[k], 0.f, -1, 0, sm);
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    for (int w = 0; w < 5; ++w) CK((run_kernel<T, TC>(static_cast<Kernel>(k), p, 0)));
+    for (int w = 0; w < g_warm; ++w) CK((run_kernel<T, TC>(static_cast<Kernel>(k), p, 0)));
     std::vector<float> ms;
-    for (int it = 0; it < 50; ++it) {
+    for (int it = 0; it < g_iters; ++it) {
       CK(cudaEventRecord(e0));
       CK((run_kernel<T, TC>(static_cast<Kernel>(k), p, 0)));
       CK(cudaEventRecord(e1));
@@ -423,6 +511,10 @@ static void time_case(int B, int ctx, int Hq, int Hkv, int Sq, int D, int ps, in
     CK(cudaMemcpy(out[k].data(), d.o, nq * sizeof(T), cudaMemcpyDeviceToHost));
     CK(cudaEventDestroy(e0));
     CK(cudaEventDestroy(e1));
+  }
+  if (g_mma_only) {
+    med[0] = med[1];
+    out[0] = out[1];
   }
   double num = 0, den = 0;
   for (size_t i = 0; i < nq; ++i) {
@@ -456,10 +548,28 @@ int main(int argc, char** argv) {
   std::printf("device: %s, %d SMs\n", prop.name, num_sms);
   bool ok = true;
   bool no_timing = false, q8_only = false;  // --no-timing; --q8: only the 8-bit cases and rows
+  bool profile = false;  // --profile: one launch of the tensor-core kernel per timing row
   for (int i = 1; i < argc; ++i) {
     no_timing |= std::string(argv[i]) == "--no-timing";
     q8_only |= std::string(argv[i]) == "--q8";
+    profile |= std::string(argv[i]) == "--profile";
   }
+  if (profile) {  // for ncu: B=64 ctx=8k, bf16 / e4m3 per head / e4m3 per token / f16 e4m3
+    g_warm = 1;
+    g_iters = 1;
+    g_mma_only = true;
+    time_case<__nv_bfloat16>(64, 8192, 32, 8, 1, 128, 16, num_sms);
+    time_case<__nv_bfloat16, __nv_fp8_e4m3>(64, 8192, 32, 8, 1, 128, 16, num_sms,
+                                            ScaleMode::kPerHead);
+    time_case<__nv_bfloat16, __nv_fp8_e4m3>(64, 8192, 32, 8, 1, 128, 16, num_sms,
+                                            ScaleMode::kPerToken);
+    time_case<__half, __nv_fp8_e4m3>(64, 8192, 32, 8, 1, 128, 16, num_sms, ScaleMode::kPerToken);
+    return 0;
+  }
+  ok &= check_cvt<__nv_bfloat16, int8_t>();
+  ok &= check_cvt<__half, int8_t>();
+  ok &= check_cvt<__nv_bfloat16, __nv_fp8_e4m3>();
+  ok &= check_cvt<__half, __nv_fp8_e4m3>();
   const std::vector<int> lens = {0, 5, 97, 333, 1001};
   for (int D : {64, 128, 256})
     for (int G : {4, 8})

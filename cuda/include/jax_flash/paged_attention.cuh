@@ -80,6 +80,32 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* gmem, int src_
                "r"(src_bytes));
 }
 
+// The address a * b + c (one wide multiply-add: the compiler would otherwise re-associate the
+// 64-bit additions).
+__device__ __forceinline__ const void* mad_wide(uint32_t a, uint32_t b, uint64_t c) {
+  uint64_t d;
+  asm("mad.wide.u32 %0, %1, %2, %3;" : "=l"(d) : "r"(a), "r"(b), "l"(c));
+  return reinterpret_cast<const void*>(d);
+}
+
+// The same copies with a zero-fill predicate: `zero` writes zeros and reads nothing (gmem must
+// still be a valid address).
+__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool zero) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile(
+      "{\n .reg .pred z;\n setp.ne.b32 z, %2, 0;\n"
+      " cp.async.cg.shared.global [%0], [%1], 16, z;\n}\n" ::"r"(s),
+      "l"(gmem), "r"(static_cast<int>(zero)));
+}
+
+__device__ __forceinline__ void cp_async4_zfill(void* smem, const void* gmem, bool zero) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile(
+      "{\n .reg .pred z;\n setp.ne.b32 z, %2, 0;\n"
+      " cp.async.ca.shared.global [%0], [%1], 4, z;\n}\n" ::"r"(s),
+      "l"(gmem), "r"(static_cast<int>(zero)));
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 template <int N>
@@ -902,7 +928,8 @@ inline bool paged_use_mma(bool mma_ok, int64_t rows) {
 
 // Whether the tensor-core kernel supports these parameters: q float16 or bfloat16 with a cache
 // of q's dtype (no scales) or an int8 / float8 e4m3 cache (per-head or per-token scales),
-// D == Dv in {64, 128, 256}, q 16-byte aligned (it is read in 16-byte vectors).
+// D == Dv in {64, 128, 256}, q 16-byte aligned (it is read in 16-byte vectors), a cache of fewer
+// than 2^32 rows of Hkv heads (it indexes rows in 32 bits; 2^32 rows are over 256 GB).
 inline bool paged_mma_supported(const PagedAttentionParams& p) {
   const bool f16 = p.dtype == DType::kFloat16 && p.cache_dtype == CacheDType::kFloat16;
   const bool bf16 = p.dtype == DType::kBFloat16 && p.cache_dtype == CacheDType::kBFloat16;
@@ -912,7 +939,8 @@ inline bool paged_mma_supported(const PagedAttentionParams& p) {
   const bool quant = q16 && c8 && p.scale_mode != ScaleMode::kNone;
   return (same || quant) && p.head_dim == p.head_dim_v &&
          (p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256) &&
-         reinterpret_cast<uintptr_t>(p.q) % 16 == 0;
+         reinterpret_cast<uintptr_t>(p.q) % 16 == 0 &&
+         static_cast<int64_t>(p.num_pages) * p.page_size * p.num_heads_k < (int64_t(1) << 32);
 }
 
 // CTAs of the tensor-core kernel per SM (its shared memory is sized for this; checked by

@@ -96,7 +96,7 @@ struct MmaCfg {
     return stages * kStageBytes > kRedBytes ? stages * kStageBytes : kRedBytes;
   }
   static constexpr int smem_bytes(int stages) {
-    return ring_bytes(stages) + stages * kTK * 8 /*row offsets*/ + stages * kScaleBytes +
+    return ring_bytes(stages) + stages * kTK * 4 /*row indices*/ + stages * kScaleBytes +
            kQBytes + kWarps * kRows * 8 /*warp max, sum*/ + kRows * 8 /*final max, sum*/;
   }
   // An SM has 228 KB of shared memory, 1 KB of it reserved per CTA; at most 227 KB per CTA.
@@ -116,7 +116,7 @@ struct MmaCfg {
   static_assert(kStages >= 3, "at least two tiles in flight");
   static_assert(kThreads % kChunks == 0 && kTK % kRowsPerPass == 0, "bad copy split");
   static_assert(kQIt * kThreads == kRows * kQChunks, "bad q split");
-  static_assert(kStageBytes % 128 == 0 && (kStages * kTK * 8) % 128 == 0,
+  static_assert(kStageBytes % 128 == 0 && (kStages * kTK * 4) % 128 == 0,
                 "tiles must stay 128-byte aligned (swizzle)");
   static_assert(kTK >= kWarps * 16 && kTK <= kThreads, "one 16-key slice per warp");
 
@@ -205,6 +205,22 @@ __device__ __forceinline__ void cvt4(uint32_t w, uint32_t& lo, uint32_t& hi) {
   }
 }
 
+// V fragments of one column group: wa, wb hold 4 columns (bytes) of keys 2t, 2t + 1 (or 2t + 8,
+// 2t + 9); f[e] = the two keys' values of column e (low half: the first key), exact.
+template <typename T, typename TC>
+__device__ __forceinline__ void cvt4_v(uint32_t wa, uint32_t wb, uint32_t (&f)[4]) {
+  cvt4<T, TC>(__byte_perm(wa, wb, 0x5140), f[0], f[1]);
+  cvt4<T, TC>(__byte_perm(wa, wb, 0x7362), f[2], f[3]);
+}
+
+// bfloat16 q with an 8-bit cache and per-head scales: P V runs in float16. The codes are exact in
+// float16 too and convert with fewer instructions (float8 e4m3: one per pair), and P (<= 2^8
+// with the lazy rescale, unscaled with per-head scales) keeps 3 more mantissa bits in float16;
+// a weight below 2^-24 flushes to 0 (< 2^-24 of the row's largest, which is >= 1). Per-token
+// V scales multiply P (their range is the data's), so P V stays in bfloat16 there.
+template <typename T, typename TC>
+constexpr bool kF16PV = std::is_same_v<T, __nv_bfloat16> && sizeof(TC) == 1;
+
 }  // namespace q8
 
 template <typename T, typename TC, int D>
@@ -226,8 +242,8 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
   extern __shared__ __align__(1024) unsigned char mma_smem[];
   unsigned char* smem = mma_smem;
   unsigned char* ring = smem;                                               // [kS][K|V][kTK][kRB]
-  int64_t* offs_s = reinterpret_cast<int64_t*>(smem + C::kRingBytes);      // [kS][kTK]
-  float* scl_s = reinterpret_cast<float*>(offs_s + kS * kTK);  // 8-bit: [kS][K|V][kTK]
+  uint32_t* rows_s = reinterpret_cast<uint32_t*>(smem + C::kRingBytes);    // [kS][kTK]
+  float* scl_s = reinterpret_cast<float*>(rows_s + kS * kTK);  // 8-bit: [kS][K|V][kTK]
   unsigned char* q_s =
       reinterpret_cast<unsigned char*>(scl_s) + kS * C::kScaleBytes;        // [kRows][kQRB]
   float* wm_s = reinterpret_cast<float*>(q_s + C::kQBytes);                // [kWarps][kRows]
@@ -299,37 +315,77 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
   }
 
   const bool per_token = kQ8 && p.scale_mode == ScaleMode::kPerToken;
-  const char* kp = static_cast<const char*>(p.k_pages);
-  const char* vp = static_cast<const char*>(p.v_pages);
   int bad = 0;
+  // Page-table walk: thread tid < kTK places key kb + j * kTK + tid of tile j, as a block-table
+  // index and an offset in the page advanced by kTK per tile (one division, at the start).
+  const uint32_t ups = static_cast<uint32_t>(ps);
+  const uint32_t step_q = kTK / ups, step_r = kTK - step_q * ups;
+  uint32_t wkey = static_cast<uint32_t>(kb) + tid;  // < 2^31 + kTK * (ntiles + kS + 1)
+  uint32_t widx = wkey / ups, woff = wkey - widx * ups;
+  auto walk = [&]() {  // the page of key wkey (a load of its id), then the next tile's key
+    PagedRowRef r;
+    r.valid = tid < kTK && static_cast<int64_t>(wkey) < ke;
+    r.off = static_cast<int32_t>(woff);
+    r.page = r.valid ? __ldg(bt + widx) : 0;
+    wkey += kTK;
+    widx += step_q;
+    woff += step_r;
+    if (woff >= ups) {
+      woff -= ups;
+      ++widx;
+    }
+    return r;
+  };
   PagedRowRef pf;  // page of this thread's row (tid < kTK) of the next tile to place
-  auto store_row = [&](int slot) { offs_s[slot * kTK + tid] = paged_row_index(pf, p, kvh, bad); };
-  // Copies K and V of the tile whose row offsets are in slot `slot` into stage `slot`.
-  auto issue = [&](int slot) {
-    const int64_t* offs = offs_s + slot * kTK;
+  // The ring of row indices holds 32-bit cache rows (paged_mma_supported: the cache has fewer
+  // than 2^32 rows); a key past the range or behind an invalid id holds row 0, a valid address
+  // whose data is never used: the copy zero-fills rows past the key range, and an invalid id
+  // (checked here, as paged_row_index does) makes the output NaN.
+  auto store_row = [&](int slot) {
+    const bool ok = pf.page >= 0 && pf.page < p.num_pages;
+    bad |= pf.valid && !ok;
+    rows_s[slot * kTK + tid] =
+        pf.valid && ok ? (static_cast<uint32_t>(pf.page) * ups + static_cast<uint32_t>(pf.off)) *
+                                 static_cast<uint32_t>(p.num_heads_k) +
+                             static_cast<uint32_t>(kvh)
+                       : 0u;
+  };
+  // This thread's 16-byte chunk of a cache row: K at kbase + row * kRB, V at vbase + row * kRB.
+  const int cp_c = tid % kCh;
+  const int cp_r0 = tid / kCh;
+  const uint64_t kbase = reinterpret_cast<uint64_t>(p.k_pages) + (cp_c << 4);
+  const uint64_t v_minus_k = reinterpret_cast<uint64_t>(p.v_pages) - reinterpret_cast<uint64_t>(p.k_pages);
+  // Copies K and V of tile n, whose row indices are in slot n % kS, into stage n % kS; rows
+  // past the key range are zero-filled without reading.
+  auto issue = [&](int n) {
+    const int slot = n % kS;
+    const uint32_t* rows = rows_s + slot * kTK;
     unsigned char* kdst = ring + slot * C::kStageBytes;
     unsigned char* vdst = kdst + C::kTileBytes;
-    const int c = tid % kCh;
-    const int r0 = tid / kCh;
+    // rows of the tile in the key range (kb + n * kTK < ke: at least 1)
+    const int nvalid = static_cast<int>(min(static_cast<int64_t>(ke) - kb - static_cast<int64_t>(n) * kTK,
+                                            static_cast<int64_t>(kTK)));
 #pragma unroll
     for (int i = 0; i < C::kPasses; ++i) {
-      const int r = r0 + i * C::kRowsPerPass;
-      const int64_t ri = offs[r];
+      const int r = cp_r0 + i * C::kRowsPerPass;
+      const uint32_t ri = rows[r];
       uint32_t dst;
       if constexpr (kQ8) {
-        dst = r * kRB + ((c ^ C::q8_swz(r)) << 4);
+        dst = r * kRB + ((cp_c ^ C::q8_swz(r)) << 4);
       } else {
-        dst = mma_detail::swizzle<kCh>(r, c);
+        dst = mma_detail::swizzle<kCh>(r, cp_c);
       }
-      paged_copy16(kdst + dst, kp, ri, kRB, c << 4);
-      paged_copy16(vdst + dst, vp, ri, kRB, c << 4);
+      const bool zero = r >= nvalid;
+      const uint64_t ka = reinterpret_cast<uint64_t>(mad_wide(ri, kRB, kbase));
+      cp_async16_zfill(kdst + dst, reinterpret_cast<const void*>(ka), zero);
+      cp_async16_zfill(vdst + dst, reinterpret_cast<const void*>(ka + v_minus_k), zero);
     }
     if (per_token && tid < kTK) {
-      const int64_t ri = offs[tid];
-      const int nb = ri >= 0 ? 4 : 0;
+      const uint32_t ri = rows[tid];
+      const bool zero = tid >= nvalid;
       float* sd = scl_s + slot * 2 * kTK;
-      cp_async4(sd + tid, ri >= 0 ? p.k_scale + ri : p.k_scale, nb);
-      cp_async4(sd + kTK + tid, ri >= 0 ? p.v_scale + ri : p.v_scale, nb);
+      cp_async4_zfill(sd + tid, mad_wide(ri, 4, reinterpret_cast<uint64_t>(p.k_scale)), zero);
+      cp_async4_zfill(sd + kTK + tid, mad_wide(ri, 4, reinterpret_cast<uint64_t>(p.v_scale)), zero);
     }
   };
 
@@ -337,9 +393,7 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
   // together (one memory round trip) ----
   PagedRowRef ref0[kS + 1];
 #pragma unroll
-  for (int j = 0; j <= kS; ++j)
-    ref0[j] = paged_row_ref(bt, static_cast<int64_t>(kb) + static_cast<int64_t>(j) * kTK + tid,
-                            ke, ps, tid < kTK);
+  for (int j = 0; j <= kS; ++j) ref0[j] = walk();
   uint4 qv[C::kQIt];
 #pragma unroll
   for (int k = 0; k < C::kQIt; ++k) {
@@ -450,12 +504,11 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
   for (int n = 0; n < ntiles; ++n) {
     cp_async_wait<kS - 2>();
     __syncthreads();  // tile n has landed; every warp is done with tile n - 1 (its stage is free)
-    if (n + kS - 1 < ntiles) issue((n + kS - 1) % kS);
+    if (n + kS - 1 < ntiles) issue(n + kS - 1);
     cp_async_commit();
     if (tid < kTK && n + kS < ntiles) {
       store_row((n + kS) % kS);
-      pf = paged_row_ref(bt, static_cast<int64_t>(kb) + static_cast<int64_t>(n + kS + 1) * kTK + tid,
-                         ke, ps, true);
+      pf = walk();
     }
 
     // This warp's keys [kw, kw + 16); a slice past the range (last tile) is skipped.
@@ -597,68 +650,77 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
       }
     }
 
-    // O += P V: P (16 rows x the warp's 16 keys) is one k16 A tile.
-    uint32_t pa[4];
-    pa[0] = mma_detail::pack2<T>(s[0][0], s[0][1]);
-    pa[1] = mma_detail::pack2<T>(s[0][2], s[0][3]);
-    pa[2] = mma_detail::pack2<T>(s[1][0], s[1][1]);
-    pa[3] = mma_detail::pack2<T>(s[1][2], s[1][3]);
-    if constexpr (kQ8) {
-      // Lane (g, t): words of keys 2t, 2t+1 (b0) and 2t+8, 2t+9 (b1) at columns vcol(g, dt);
-      // byte_perm pairs the two keys of each column: word w of a load feeds tiles 4w..4w+3.
-      const unsigned char* v8 = ring + (n % kS) * C::kStageBytes + C::kTileBytes + v8_row;
-      if constexpr (D == 64) {
-        const int c0 = g >> 1;
-        const int o0 = ((c0 ^ v8_swz0) << 4) + ((g & 1) << 3);
-        const int o1 = ((c0 ^ v8_swz1) << 4) + ((g & 1) << 3);
-        const uint2 a = *reinterpret_cast<const uint2*>(v8 + o0);
-        const uint2 b = *reinterpret_cast<const uint2*>(v8 + kRB + o1);
-        const uint2 c2 = *reinterpret_cast<const uint2*>(v8 + 8 * kRB + o0);
-        const uint2 d2 = *reinterpret_cast<const uint2*>(v8 + 9 * kRB + o1);
-        const uint32_t wa[2] = {a.x, a.y}, wb[2] = {b.x, b.y};
-        const uint32_t wc[2] = {c2.x, c2.y}, wd[2] = {d2.x, d2.y};
+    // O += P V: P (16 rows x the warp's 16 keys) is one k16 A tile, of type TV: q's type, or
+    // float16 for bfloat16 q with an 8-bit cache and per-head scales (q8::kF16PV).
+    auto pv = [&](auto tv) {
+      using TV = decltype(tv);
+      uint32_t pa[4];
+      pa[0] = mma_detail::pack2<TV>(s[0][0], s[0][1]);
+      pa[1] = mma_detail::pack2<TV>(s[0][2], s[0][3]);
+      pa[2] = mma_detail::pack2<TV>(s[1][0], s[1][1]);
+      pa[3] = mma_detail::pack2<TV>(s[1][2], s[1][3]);
+      if constexpr (kQ8) {
+        // Lane (g, t): words of keys 2t, 2t+1 (b0) and 2t+8, 2t+9 (b1) at columns vcol(g, dt);
+        // byte_perm pairs the two keys of each column: word w of a load feeds tiles 4w..4w+3.
+        const unsigned char* v8 = ring + (n % kS) * C::kStageBytes + C::kTileBytes + v8_row;
+        if constexpr (D == 64) {
+          const int c0 = g >> 1;
+          const int o0 = ((c0 ^ v8_swz0) << 4) + ((g & 1) << 3);
+          const int o1 = ((c0 ^ v8_swz1) << 4) + ((g & 1) << 3);
+          const uint2 a = *reinterpret_cast<const uint2*>(v8 + o0);
+          const uint2 b = *reinterpret_cast<const uint2*>(v8 + kRB + o1);
+          const uint2 c2 = *reinterpret_cast<const uint2*>(v8 + 8 * kRB + o0);
+          const uint2 d2 = *reinterpret_cast<const uint2*>(v8 + 9 * kRB + o1);
+          const uint32_t wa[2] = {a.x, a.y}, wb[2] = {b.x, b.y};
+          const uint32_t wc[2] = {c2.x, c2.y}, wd[2] = {d2.x, d2.y};
 #pragma unroll
-        for (int w = 0; w < 2; ++w) {
-          uint32_t f0[4], f1[4];
-          q8::cvt4<T, TC>(__byte_perm(wa[w], wb[w], 0x5140), f0[0], f0[1]);
-          q8::cvt4<T, TC>(__byte_perm(wa[w], wb[w], 0x7362), f0[2], f0[3]);
-          q8::cvt4<T, TC>(__byte_perm(wc[w], wd[w], 0x5140), f1[0], f1[1]);
-          q8::cvt4<T, TC>(__byte_perm(wc[w], wd[w], 0x7362), f1[2], f1[3]);
+          for (int w = 0; w < 2; ++w) {
+            uint32_t f0[4], f1[4];
+            q8::cvt4_v<TV, TC>(wa[w], wb[w], f0);
+            q8::cvt4_v<TV, TC>(wc[w], wd[w], f1);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) mma_detail::mma_16816<T>(o[4 * w + e], pa, f0[e], f1[e]);
+            for (int e = 0; e < 4; ++e) mma_detail::mma_16816<TV>(o[4 * w + e], pa, f0[e], f1[e]);
+          }
+        } else {
+#pragma unroll
+          for (int h = 0; h < D / 128; ++h) {
+            const int o0 = (8 * h + (g ^ v8_swz0)) << 4;
+            const int o1 = (8 * h + (g ^ v8_swz1)) << 4;
+            const uint4 a = *reinterpret_cast<const uint4*>(v8 + o0);
+            const uint4 b = *reinterpret_cast<const uint4*>(v8 + kRB + o1);
+            const uint4 c2 = *reinterpret_cast<const uint4*>(v8 + 8 * kRB + o0);
+            const uint4 d2 = *reinterpret_cast<const uint4*>(v8 + 9 * kRB + o1);
+            const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
+            const uint32_t wc[4] = {c2.x, c2.y, c2.z, c2.w}, wd[4] = {d2.x, d2.y, d2.z, d2.w};
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+              uint32_t f0[4], f1[4];
+              q8::cvt4_v<TV, TC>(wa[w], wb[w], f0);
+              q8::cvt4_v<TV, TC>(wc[w], wd[w], f1);
+#pragma unroll
+              for (int e = 0; e < 4; ++e)
+                mma_detail::mma_16816<TV>(o[16 * h + 4 * w + e], pa, f0[e], f1[e]);
+            }
+          }
         }
       } else {
 #pragma unroll
-        for (int h = 0; h < D / 128; ++h) {
-          const int o0 = (8 * h + (g ^ v8_swz0)) << 4;
-          const int o1 = (8 * h + (g ^ v8_swz1)) << 4;
-          const uint4 a = *reinterpret_cast<const uint4*>(v8 + o0);
-          const uint4 b = *reinterpret_cast<const uint4*>(v8 + kRB + o1);
-          const uint4 c2 = *reinterpret_cast<const uint4*>(v8 + 8 * kRB + o0);
-          const uint4 d2 = *reinterpret_cast<const uint4*>(v8 + 9 * kRB + o1);
-          const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
-          const uint32_t wc[4] = {c2.x, c2.y, c2.z, c2.w}, wd[4] = {d2.x, d2.y, d2.z, d2.w};
-#pragma unroll
-          for (int w = 0; w < 4; ++w) {
-            uint32_t f0[4], f1[4];
-            q8::cvt4<T, TC>(__byte_perm(wa[w], wb[w], 0x5140), f0[0], f0[1]);
-            q8::cvt4<T, TC>(__byte_perm(wa[w], wb[w], 0x7362), f0[2], f0[3]);
-            q8::cvt4<T, TC>(__byte_perm(wc[w], wd[w], 0x5140), f1[0], f1[1]);
-            q8::cvt4<T, TC>(__byte_perm(wc[w], wd[w], 0x7362), f1[2], f1[3]);
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-              mma_detail::mma_16816<T>(o[16 * h + 4 * w + e], pa, f0[e], f1[e]);
-          }
+        for (int dp = 0; dp < D / 16; ++dp) {
+          uint32_t vf[4];
+          mma_detail::ldmatrix_x4_trans(vf, mma_detail::chunk_pair(sV + v_lane, dp));
+          mma_detail::mma_16816<TV>(o[2 * dp], pa, vf[0], vf[1]);
+          mma_detail::mma_16816<TV>(o[2 * dp + 1], pa, vf[2], vf[3]);
         }
       }
-    } else {
-#pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
-        uint32_t vf[4];
-        mma_detail::ldmatrix_x4_trans(vf, mma_detail::chunk_pair(sV + v_lane, dp));
-        mma_detail::mma_16816<T>(o[2 * dp], pa, vf[0], vf[1]);
-        mma_detail::mma_16816<T>(o[2 * dp + 1], pa, vf[2], vf[3]);
+    };
+    if constexpr (q8::kF16PV<T, TC>) {
+      if (per_token) {
+        pv(T{});
+      } else {
+        pv(__half{});
       }
+    } else {
+      pv(T{});
     }
   }
 
