@@ -9,6 +9,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstddef>
 #include <cstdint>
 
 #include "jax_flash/flash_params.h"
@@ -289,5 +291,33 @@ inline cudaError_t flash_attention_fill_uncovered(const FlashParams& p, cudaStre
   flash_fill_uncovered_kernel<0><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p, eb, vec16);
   return cudaGetLastError();
 }
+
+#if defined(__CUDACC__)
+// Raises Kernel's dynamic shared-memory limit to `bytes` and asks for the max-shared carveout on
+// the current device, once per device (again only for a larger size): cudaFuncSetAttribute costs
+// host time on every call, which a jitted decode loop would pay per layer and step.
+template <auto Kernel>
+inline cudaError_t ensure_smem_attrs(size_t bytes) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<size_t> configured[kMaxDevices];  // bytes set so far (0: none)
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  const bool tracked = dev >= 0 && dev < kMaxDevices;
+  if (tracked && configured[dev].load(std::memory_order_acquire) >= bytes) return cudaSuccess;
+  err = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(bytes));
+  if (err != cudaSuccess) return err;
+  err = cudaFuncSetAttribute(Kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared);
+  if (err != cudaSuccess) return err;
+  if (tracked) {
+    size_t cur = configured[dev].load(std::memory_order_acquire);
+    while (cur < bytes && !configured[dev].compare_exchange_weak(cur, bytes)) {
+    }
+  }
+  return cudaSuccess;
+}
+#endif
 
 }  // namespace jax_flash

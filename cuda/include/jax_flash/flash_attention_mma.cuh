@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "jax_flash/flash_attention_common.cuh"
 #include "jax_flash/flash_params.h"
 
 namespace jax_flash {
@@ -678,21 +679,9 @@ cudaError_t launch_flash_mma(const FlashParams& p, cudaStream_t stream) {
   if (p.batch <= 0 || p.total_q <= 0 || p.num_heads <= 0) return cudaSuccess;
   auto kernel = flash_fwd_mma_kernel<T, Tr, kSoftcap>;
 
-  // The shared-memory limit is a per-device function attribute: set it once per device.
-  static std::atomic<uint64_t> configured{0};
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
+  // The shared-memory limit is a per-device function attribute: set once per device.
+  cudaError_t err = ensure_smem_attrs<flash_fwd_mma_kernel<T, Tr, kSoftcap>>(Tr::kSmemBytes);
   if (err != cudaSuccess) return err;
-  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
-  if (bit == 0 || (configured.load(std::memory_order_relaxed) & bit) == 0) {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               Tr::kSmemBytes);
-    if (err != cudaSuccess) return err;
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                               cudaSharedmemCarveoutMaxShared);
-    if (err != cudaSuccess) return err;
-    configured.fetch_or(bit, std::memory_order_relaxed);
-  }
 
   int64_t tiles = (static_cast<int64_t>(p.total_q) + Tr::kBlockM - 1) / Tr::kBlockM + p.batch;
   if (tiles > INT32_MAX) tiles = INT32_MAX;  // the kernel's tile loop strides over the rest

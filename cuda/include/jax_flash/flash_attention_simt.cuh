@@ -614,11 +614,8 @@ cudaError_t run_flash_attention_simt_cfg(const FlashParams& p, cudaStream_t stre
 
   auto kernel = vec ? flash_attention_simt_kernel<T, Cfg, true>
                     : flash_attention_simt_kernel<T, Cfg, false>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem_bytes));
-  if (err != cudaSuccess) return err;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                             cudaSharedmemCarveoutMaxShared);
+  cudaError_t err = vec ? ensure_smem_attrs<flash_attention_simt_kernel<T, Cfg, true>>(smem_bytes)
+                        : ensure_smem_attrs<flash_attention_simt_kernel<T, Cfg, false>>(smem_bytes);
   if (err != cudaSuccess) return err;
   kernel<<<grid, Cfg::kThreads, smem_bytes, stream>>>(p);
   return cudaGetLastError();

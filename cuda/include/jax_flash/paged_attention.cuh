@@ -963,8 +963,7 @@ cudaError_t launch_paged_attention_mt(const PagedAttentionParams& p, cudaStream_
   if (blocks == 0) return cudaSuccess;
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
   auto kernel = paged_attention_kernel<TQ, TC, D, MT, kStagesReq>;
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
+  cudaError_t err = ensure_smem_attrs<paged_attention_kernel<TQ, TC, D, MT, kStagesReq>>(C::kSmem);
   if (err != cudaSuccess) return err;
   kernel<<<static_cast<unsigned>(blocks), C::kThreadsCTA, C::kSmem, stream>>>(
       p, static_cast<int32_t>(chunks));

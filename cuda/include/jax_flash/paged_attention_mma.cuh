@@ -74,7 +74,10 @@ struct MmaCfg {
   static constexpr int kThreads = 128;
   static constexpr int kWarps = 4;
   static constexpr int kRows = kPagedMmaRows;             // query rows per CTA (one m16 tile)
-  static constexpr int kTK = 64;                          // keys per tile, 16 per warp
+  // Keys per tile: 64 (16 per warp); 8-bit caches with D <= 128: 128 (two 16-key slices per
+  // warp: two independent chains of mma and code conversion per warp, half the barriers).
+  static constexpr int kTK = kQ8 && D <= 128 ? 128 : 64;
+  static constexpr int kSlices = kTK / (kWarps * 16);     // 16-key slices per warp and tile
   static constexpr int kRowBytes = D * kElemBytes;        // one K or V row of the cache
   static constexpr int kChunks = kRowBytes / 16;          // 16-byte chunks per cache row
   static constexpr int kQRowBytes = D * 2;                // one query row (16-bit)
@@ -118,7 +121,7 @@ struct MmaCfg {
   static_assert(kQIt * kThreads == kRows * kQChunks, "bad q split");
   static_assert(kStageBytes % 128 == 0 && (kStages * kTK * 4) % 128 == 0,
                 "tiles must stay 128-byte aligned (swizzle)");
-  static_assert(kTK >= kWarps * 16 && kTK <= kThreads, "one 16-key slice per warp");
+  static_assert(kTK % (kWarps * 16) == 0 && kTK <= kThreads, "16-key slices, a row per thread");
 
   // 8-bit tiles: physical 16-byte chunk of logical chunk c in tile row r is c ^ q8_swz(r). With
   // 8+ chunks per row, rows r and r ^ 1 differ in bit 2 (K loads: keys g, g + 1 read chunks
@@ -231,6 +234,8 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
   constexpr bool kQ8 = C::kQ8;
   constexpr int kS = C::kStages;
   constexpr int kTK = C::kTK;
+  constexpr int kSl = C::kSlices;
+  constexpr int kSN = 2 * kSl;  // n8 tiles of S per warp and tile
   constexpr int kRB = C::kRowBytes;
   constexpr int kNT = C::kThreads;
   constexpr int kCh = C::kChunks;
@@ -454,17 +459,17 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
   // K and V rows are offset by the warp's 16-key slice (which keeps row % 8). ----
   const uint32_t q_lane = mma_detail::smem_addr(q_s) + (lane & 15) * kQRB +
                           (((lane >> 4) ^ (lane & 7)) << 4);
-  const uint32_t k_lane = (warp * 16 + ((lane >> 4) & 1) * 8 + (lane & 7)) * kRB +
+  const uint32_t k_lane = (warp * 16 * kSl + ((lane >> 4) & 1) * 8 + (lane & 7)) * kRB +
                           ((((lane >> 3) & 1) ^ (lane & 7)) << 4);
-  const uint32_t v_lane = (warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kRB +
+  const uint32_t v_lane = (warp * 16 * kSl + ((lane >> 3) & 1) * 8 + (lane & 7)) * kRB +
                           ((((lane >> 4) & 1) ^ (lane & 7)) << 4);
   const uint32_t ring_addr = mma_detail::smem_addr(ring);
   // 8-bit tiles: byte offsets in a stage's K tile of this lane's K row (keys g, 8 + g of the
   // warp's slice; both swizzled by q8_swz(g)) and of its V rows (keys 2t, 2t + 1, 2t + 8, 2t + 9)
   // at the lane's D / 8 columns vcol(g, 0...).
-  const int k8_row = (warp * 16 + g) * kRB;
+  const int k8_row = (warp * 16 * kSl + g) * kRB;
   const int k8_swz = C::q8_swz(g);
-  const int v8_row = (warp * 16 + 2 * t) * kRB;
+  const int v8_row = (warp * 16 * kSl + 2 * t) * kRB;
   const int v8_swz0 = C::q8_swz(2 * t), v8_swz1 = C::q8_swz(2 * t + 1);
 
   uint32_t qa[C::kQRegs ? D / 16 : 1][4];
@@ -511,31 +516,32 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
       pf = walk();
     }
 
-    // This warp's keys [kw, kw + 16); a slice past the range (last tile) is skipped.
-    const int64_t kw64 = static_cast<int64_t>(kb) + static_cast<int64_t>(n) * kTK + warp * 16;
+    // This warp's keys [kw, kw + 16 kSl) (slice sl: kw + 16 sl...); a warp whose keys are all
+    // past the range (last tile) skips the tile (slices past it read zero-filled rows, masked).
+    const int64_t kw64 = static_cast<int64_t>(kb) + static_cast<int64_t>(n) * kTK + warp * 16 * kSl;
     if (kw64 >= ke) continue;
     const int32_t kw = static_cast<int32_t>(kw64);
     const uint32_t sK = ring_addr + (n % kS) * C::kStageBytes;
     const uint32_t sV = sK + C::kTileBytes;
 
     // S = Q K^T: s[nt] holds keys kw + nt * 8 + 2t + {0, 1} of rows g ([0], [1]) and g + 8.
-    float s[2][4];
+    float s[kSN][4];
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
+    for (int nt = 0; nt < kSN; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
     }
-    // One k16 step: s += Q[:, 16kk:16kk+16] K^T with the K fragment kf (Q from registers, or
-    // re-read from shared memory where it does not fit them).
-    auto qk_step = [&](int kk, const uint32_t (&kf)[4]) {
+    // One k16 step of slice sl: s[2 sl..2 sl + 1] += Q[:, 16kk:16kk+16] K^T with the K
+    // fragment kf (Q from registers, or re-read from shared memory where it does not fit them).
+    auto qk_step = [&](int sl, int kk, const uint32_t (&kf)[4]) {
       if constexpr (C::kQRegs) {
-        mma_detail::mma_16816<T>(s[0], qa[kk], kf[0], kf[1]);
-        mma_detail::mma_16816<T>(s[1], qa[kk], kf[2], kf[3]);
+        mma_detail::mma_16816<T>(s[2 * sl], qa[kk], kf[0], kf[1]);
+        mma_detail::mma_16816<T>(s[2 * sl + 1], qa[kk], kf[2], kf[3]);
       } else {
         uint32_t qf[4];
         mma_detail::ldmatrix_x4(qf, mma_detail::chunk_pair(q_lane, kk));
-        mma_detail::mma_16816<T>(s[0], qf, kf[0], kf[1]);
-        mma_detail::mma_16816<T>(s[1], qf, kf[2], kf[3]);
+        mma_detail::mma_16816<T>(s[2 * sl], qf, kf[0], kf[1]);
+        mma_detail::mma_16816<T>(s[2 * sl + 1], qf, kf[2], kf[3]);
       }
     };
     if constexpr (kQ8) {
@@ -543,50 +549,63 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
 #pragma unroll
       for (int j = 0; j < D / 64; ++j) {
         const int off = ((4 * j + t) ^ k8_swz) << 4;
-        const uint4 r0 = *reinterpret_cast<const uint4*>(k8 + off);
-        const uint4 r1 = *reinterpret_cast<const uint4*>(k8 + 8 * kRB + off);
-        const uint32_t w0[4] = {r0.x, r0.y, r0.z, r0.w};
-        const uint32_t w1[4] = {r1.x, r1.y, r1.z, r1.w};
+        uint32_t w[kSl][2][4];  // slice, key g / g + 8, word
+#pragma unroll
+        for (int sl = 0; sl < kSl; ++sl) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const uint4 r = *reinterpret_cast<const uint4*>(k8 + (16 * sl + 8 * h) * kRB + off);
+            w[sl][h][0] = r.x;
+            w[sl][h][1] = r.y;
+            w[sl][h][2] = r.z;
+            w[sl][h][3] = r.w;
+          }
+        }
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int kk = 4 * j + i;
-          uint32_t kf[4];
-          q8::cvt4<T, TC>(w0[i], kf[0], kf[1]);
-          q8::cvt4<T, TC>(w1[i], kf[2], kf[3]);
-          qk_step(kk, kf);
+#pragma unroll
+          for (int sl = 0; sl < kSl; ++sl) {
+            uint32_t kf[4];
+            q8::cvt4<T, TC>(w[sl][0][i], kf[0], kf[1]);
+            q8::cvt4<T, TC>(w[sl][1][i], kf[2], kf[3]);
+            qk_step(sl, kk, kf);
+          }
         }
       }
     } else {
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t kf[4];
-        mma_detail::ldmatrix_x4(kf, mma_detail::chunk_pair(sK + k_lane, kk));
-        qk_step(kk, kf);
+#pragma unroll
+        for (int sl = 0; sl < kSl; ++sl) {
+          uint32_t kf[4];
+          mma_detail::ldmatrix_x4(kf, mma_detail::chunk_pair(sK + k_lane + sl * 16 * kRB, kk));
+          qk_step(sl, kk, kf);
+        }
       }
     }
-    const float* scl = scl_s + (n % kS) * 2 * kTK + warp * 16 + 2 * t;  // per-token scales
-    if (per_token) {
+    const float* scl = scl_s + (n % kS) * 2 * kTK + warp * 16 * kSl + 2 * t;  // per-token scales
+    // scale (times the key's K scale, per-token scales), softcap, mask (after the softcap: tanh
+    // would turn -inf into a finite score)
+    const float s_in = has_cap ? cap_in : x_scale;
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
+    for (int nt = 0; nt < kSN; ++nt) {
+      float2 f = make_float2(s_in, s_in);
+      if (per_token) {
         const float2 ks = *reinterpret_cast<const float2*>(scl + nt * 8);
-        s[nt][0] *= ks.x;
-        s[nt][1] *= ks.y;
-        s[nt][2] *= ks.x;
-        s[nt][3] *= ks.y;
+        f.x *= ks.x;
+        f.y *= ks.y;
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float x = s[nt][e] * ((e & 1) ? f.y : f.x);
+        s[nt][e] = has_cap ? tanhf(x) * x_scale : x;
       }
     }
-
-    // scale, softcap, mask (after the softcap: tanh would turn -inf into a finite score)
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        s[nt][e] = has_cap ? tanhf(s[nt][e] * cap_in) * x_scale : s[nt][e] * x_scale;
-    }
-    const bool full = kw >= lo_last && kw64 + 16 <= hi_first && kw64 + 16 <= ke;
+    const bool full = kw >= lo_last && kw64 + 16 * kSl <= hi_first && kw64 + 16 * kSl <= ke;
     if (!full) {
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
+      for (int nt = 0; nt < kSN; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int hf = e >> 1;
@@ -604,7 +623,9 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
       bool grow = false;
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
-        float m = fmaxf(fmaxf(s[0][2 * hf], s[0][2 * hf + 1]), fmaxf(s[1][2 * hf], s[1][2 * hf + 1]));
+        float m = fmaxf(s[0][2 * hf], s[0][2 * hf + 1]);
+#pragma unroll
+        for (int nt = 1; nt < kSN; ++nt) m = fmaxf(m, fmaxf(s[nt][2 * hf], s[nt][2 * hf + 1]));
         m = fmaxf(m, __shfl_xor_sync(kFull, m, 1));
         m = fmaxf(m, __shfl_xor_sync(kFull, m, 2));
         mx[hf] = m;
@@ -629,7 +650,7 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
     for (int hf = 0; hf < 2; ++hf) {
       const float mref = m_ref[hf] == neg_inf() ? 0.f : m_ref[hf];
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
+      for (int nt = 0; nt < kSN; ++nt) {
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const float pv = fast_exp2(s[nt][2 * hf + c] - mref);
@@ -641,7 +662,7 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
 
     if (per_token) {  // after the sums: P's columns times the V scale of their key
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
+      for (int nt = 0; nt < kSN; ++nt) {
         const float2 vs = *reinterpret_cast<const float2*>(scl + kTK + nt * 8);
         s[nt][0] *= vs.x;
         s[nt][1] *= vs.y;
@@ -652,17 +673,18 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
 
     // O += P V: P (16 rows x the warp's 16 keys) is one k16 A tile, of type TV: q's type, or
     // float16 for bfloat16 q with an 8-bit cache and per-head scales (q8::kF16PV).
-    auto pv = [&](auto tv) {
+    auto pv = [&](auto tv, int sl) {
       using TV = decltype(tv);
       uint32_t pa[4];
-      pa[0] = mma_detail::pack2<TV>(s[0][0], s[0][1]);
-      pa[1] = mma_detail::pack2<TV>(s[0][2], s[0][3]);
-      pa[2] = mma_detail::pack2<TV>(s[1][0], s[1][1]);
-      pa[3] = mma_detail::pack2<TV>(s[1][2], s[1][3]);
+      pa[0] = mma_detail::pack2<TV>(s[2 * sl][0], s[2 * sl][1]);
+      pa[1] = mma_detail::pack2<TV>(s[2 * sl][2], s[2 * sl][3]);
+      pa[2] = mma_detail::pack2<TV>(s[2 * sl + 1][0], s[2 * sl + 1][1]);
+      pa[3] = mma_detail::pack2<TV>(s[2 * sl + 1][2], s[2 * sl + 1][3]);
       if constexpr (kQ8) {
         // Lane (g, t): words of keys 2t, 2t+1 (b0) and 2t+8, 2t+9 (b1) at columns vcol(g, dt);
         // byte_perm pairs the two keys of each column: word w of a load feeds tiles 4w..4w+3.
-        const unsigned char* v8 = ring + (n % kS) * C::kStageBytes + C::kTileBytes + v8_row;
+        const unsigned char* v8 =
+            ring + (n % kS) * C::kStageBytes + C::kTileBytes + v8_row + sl * 16 * kRB;
         if constexpr (D == 64) {
           const int c0 = g >> 1;
           const int o0 = ((c0 ^ v8_swz0) << 4) + ((g & 1) << 3);
@@ -707,20 +729,23 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {
           uint32_t vf[4];
-          mma_detail::ldmatrix_x4_trans(vf, mma_detail::chunk_pair(sV + v_lane, dp));
+          mma_detail::ldmatrix_x4_trans(vf, mma_detail::chunk_pair(sV + v_lane + sl * 16 * kRB, dp));
           mma_detail::mma_16816<TV>(o[2 * dp], pa, vf[0], vf[1]);
           mma_detail::mma_16816<TV>(o[2 * dp + 1], pa, vf[2], vf[3]);
         }
       }
     };
-    if constexpr (q8::kF16PV<T, TC>) {
-      if (per_token) {
-        pv(T{});
+#pragma unroll
+    for (int sl = 0; sl < kSl; ++sl) {
+      if constexpr (q8::kF16PV<T, TC>) {
+        if (per_token) {
+          pv(T{}, sl);
+        } else {
+          pv(__half{}, sl);
+        }
       } else {
-        pv(__half{});
+        pv(T{}, sl);
       }
-    } else {
-      pv(T{});
     }
   }
 
@@ -812,11 +837,7 @@ cudaError_t launch_paged_attention_mma(const PagedAttentionParams& p, cudaStream
   if (blocks == 0) return cudaSuccess;
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
   auto kernel = paged_attention_mma_kernel<T, TC, D>;
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
-  if (err != cudaSuccess) return err;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                             cudaSharedmemCarveoutMaxShared);
+  cudaError_t err = ensure_smem_attrs<paged_attention_mma_kernel<T, TC, D>>(C::kSmem);
   if (err != cudaSuccess) return err;
   kernel<<<static_cast<unsigned>(blocks), C::kThreads, C::kSmem, stream>>>(
       p, static_cast<int32_t>(chunks));
