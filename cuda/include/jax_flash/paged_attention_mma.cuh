@@ -341,6 +341,8 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
     }
     return r;
   };
+  // pf is always set (prologue) before store_row reads it; the front end cannot see that.
+#pragma nv_diag_suppress 549
   PagedRowRef pf;  // page of this thread's row (tid < kTK) of the next tile to place
   // The ring of row indices holds 32-bit cache rows (paged_mma_supported: the cache has fewer
   // than 2^32 rows); a key past the range or behind an invalid id holds row 0, a valid address
@@ -355,6 +357,7 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
                              static_cast<uint32_t>(kvh)
                        : 0u;
   };
+#pragma nv_diag_default 549
   // This thread's 16-byte chunk of a cache row: K at kbase + row * kRB, V at vbase + row * kRB.
   const int cp_c = tid % kCh;
   const int cp_r0 = tid / kCh;
