@@ -18,7 +18,8 @@ one run of the loop lasts tens of ms on GPU. Each row also times the loop with a
 ("harness"): an upper bound on what the dependency adds to each call.
 
 Decode rows time paged attention over a paged KV cache (random page permutation; int8 and
-float8_e4m3fn caches carry per-token-and-head float32 scales, as `append_kv` writes them) beside
+float8_e4m3fn caches carry per-token-and-head float32 scales, as `append_kv` writes them, or in
+the rows marked "/head" one scale per KV head, as a calibrated per-head or per-tensor scale) beside
 JAX Pallas `paged_attention` (best of k_splits 1/4/16, on the same cache in its head-major
 layout), the jnp gather reference, and cuDNN on a contiguous copy of the cache (the non-paged
 bound; bf16/fp16 only). The figure of merit is the effective KV bandwidth: bytes of K and V (and
@@ -622,8 +623,9 @@ class DecodeShape:
     head_dim: int
     page_size: int
     dtype: str  # of q
-    cache_dtype: str  # q's dtype, or int8 / float8_e4m3fn with per-token-and-head scales
+    cache_dtype: str  # q's dtype, or int8 / float8_e4m3fn (scaled)
     seqlen_q: int = 1
+    scales: str = "token"  # quantized caches: "token" (per token and head) or "head" (per head)
 
     @property
     def quantized(self) -> bool:
@@ -632,9 +634,9 @@ class DecodeShape:
     @property
     def kv_bytes(self) -> float:
         """Bytes of K and V read: the cache elements, plus the float32 scales of a quantized
-        cache (one per token and head, for K and for V)."""
+        cache with per-token scales (one per token and head, for K and for V)."""
         per_token_head = self.head_dim * jnp.dtype(self.cache_dtype).itemsize
-        if self.quantized:
+        if self.quantized and self.scales == "token":
             per_token_head += 4
         return 2.0 * self.batch * self.ctx * self.heads_kv * per_token_head
 
@@ -647,6 +649,8 @@ class DecodeShape:
         dt = _short(self.dtype)
         if self.cache_dtype != self.dtype:
             dt += "/" + _short(self.cache_dtype)
+        if self.quantized and self.scales == "head":
+            dt += "/head"
         return (
             f"{dt} B{self.batch} ctx{_kilo(self.ctx)} H{self.heads_q}/{self.heads_kv} "
             f"D{self.head_dim} p{self.page_size} Sq{self.seqlen_q}"
@@ -671,6 +675,7 @@ def _decode_variations(base: DecodeShape) -> list[DecodeShape]:
         r(base, dtype=other, cache_dtype=other),
         r(base, cache_dtype="int8"),
         r(base, cache_dtype="float8_e4m3fn"),
+        r(base, cache_dtype="float8_e4m3fn", scales="head"),
     ]
 
 
@@ -687,13 +692,18 @@ def _decode_grid(name, device_kind, dtypes) -> list[DecodeShape]:
         small = base(dt0, 8, 1024, heads_q=8, heads_kv=2)
         r = dataclasses.replace
         shapes += [r(small, cache_dtype="int8"), r(small, cache_dtype="float8_e4m3fn")]
+        shapes += [r(small, cache_dtype="float8_e4m3fn", scales="head")]
         if name == "full":
             shapes += [r(small, seqlen_q=4), r(small, page_size=64), r(small, head_dim=64)]
         return list(dict.fromkeys(shapes))
     if name == "quick":
         bc = ((1, 32768), (8, 8192), (64, 8192), (128, 2048), (256, 1024))
         shapes = [base(dt, b, c) for dt in dtypes for b, c in bc]
-        shapes += [dataclasses.replace(base(dt0, 64, 8192), cache_dtype=cd) for cd in _QUANTIZED]
+        shapes += [
+            dataclasses.replace(base(dt0, 64, 8192), cache_dtype=cd, scales=sc)
+            for sc in ("token", "head")
+            for cd in _QUANTIZED
+        ]
         return list(dict.fromkeys(shapes))
     shapes = [base(dt, b, c) for dt in dtypes for b, c in _DECODE_BC]
     for b, c in _DECODE_AROUND:
@@ -701,12 +711,17 @@ def _decode_grid(name, device_kind, dtypes) -> list[DecodeShape]:
     return list(dict.fromkeys(shapes))
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3))
-def _random_pages(key, shape, dtype, cache_dtype):
-    """Random normal pages; a quantized cache also gets its per-token-and-head scales."""
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
+def _random_pages(key, shape, dtype, cache_dtype, scales="token"):
+    """Random normal pages; a quantized cache also gets its scales: per token and head
+    ([num_pages, page_size, Hkv], amax / qmax as append_kv writes them) or per head ([Hkv], amax
+    over the whole cache / qmax)."""
     if cache_dtype not in _QUANTIZED:
         return jax.random.normal(key, shape, dtype), None
     x = jax.random.normal(key, shape, jnp.float32)
+    if scales == "head":
+        scale = reference.per_token_scale(x, cache_dtype).max(axis=(0, 1))
+        return reference.quantize(x, scale[:, None], cache_dtype), scale
     scale = reference.per_token_scale(x, cache_dtype)
     return reference.quantize(x, scale[..., None], cache_dtype), scale
 
@@ -724,8 +739,8 @@ def _make_paged(s: DecodeShape, key):
     )
     q = jax.random.normal(kq, q_shape, jnp.dtype(s.dtype))
     shape = (num_pages, s.page_size, s.heads_kv, s.head_dim)
-    k_pages, k_scale = _random_pages(kk, shape, s.dtype, s.cache_dtype)
-    v_pages, v_scale = _random_pages(kv, shape, s.dtype, s.cache_dtype)
+    k_pages, k_scale = _random_pages(kk, shape, s.dtype, s.cache_dtype, s.scales)
+    v_pages, v_scale = _random_pages(kv, shape, s.dtype, s.cache_dtype, s.scales)
     perm = jax.random.permutation(kp, num_pages).astype(jnp.int32)
     block_tables = perm.reshape(s.batch, pages_per_seq)
     kv_lens = jnp.full((s.batch,), s.ctx, jnp.int32)
@@ -767,7 +782,8 @@ def _decode_peers(kind, s: DecodeShape, mem: float):
 
 def _pallas_group(s: DecodeShape):
     """JAX Pallas (Triton) paged_attention at k_splits 1/4/16 on a head-major copy of the cache
-    ([Hkv, pages, page_size, D], scales [Hkv, pages, page_size]) and q scaled by 1/sqrt(D)."""
+    ([Hkv, pages, page_size, D], scales [Hkv, pages, page_size]: per-head scales are repeated
+    per token, the only scale layout it takes) and q scaled by 1/sqrt(D)."""
     names = [f"pallas_k{k}" for k in (1, 4, 16)]
     try:
         from jax.experimental.pallas.ops.gpu import paged_attention as pallas_paged
@@ -781,7 +797,9 @@ def _pallas_group(s: DecodeShape):
     def head_major(data):
         q, kp, vp, bt, kl, ks, vs = data
         kh, vh = (jnp.transpose(x, (2, 0, 1, 3)) for x in (kp, vp))
-        if ks is not None:
+        if ks is not None and ks.ndim == 1:  # per head
+            ks, vs = (jnp.broadcast_to(x[:, None, None], kh.shape[:3]) for x in (ks, vs))
+        elif ks is not None:
             ks, vs = (jnp.transpose(x, (2, 0, 1)) for x in (ks, vs))
         # The Pallas kernel applies no softmax scale: fold 1/sqrt(D) into q (outside the timing,
         # as a model would fold it into the query projection).
@@ -964,26 +982,30 @@ def _print_decode_table(rows, roof):
 
 
 def _decode_summary(rows, dtype) -> dict:
-    """tokens/s of an int8 / fp8 cache over the `dtype` cache at B=64 ctx=8k (GQA 32/8, D128,
-    page 16, Sq 1), for jax_flash and the best Pallas."""
+    """tokens/s of an int8 / fp8 cache (per-token scales; "_head": per-head scales) over the
+    `dtype` cache at B=64 ctx=8k (GQA 32/8, D128, page 16, Sq 1), for jax_flash and the best
+    Pallas."""
     base = DecodeShape(64, 8192, 32, 8, 128, 16, dtype, dtype)
     by_shape = {DecodeShape(**r["shape"]): r["results"] for r in rows}
     summary = {}
     if base not in by_shape:
         return summary
-    for cd in _QUANTIZED:
-        quant = by_shape.get(dataclasses.replace(base, cache_dtype=cd))
-        if quant is None:
-            continue
-        for impl in ("jax_flash", "pallas_best"):
-            ratio = _ratio(quant.get(impl, {}), by_shape[base].get(impl, {}), "tokens_per_s")
-            summary[f"{impl}_{_short(cd)}_over_{_short(dtype)}_tokens_per_s_B64_ctx8k"] = ratio
-        jf = summary[f"jax_flash_{_short(cd)}_over_{_short(dtype)}_tokens_per_s_B64_ctx8k"]
-        pb = summary[f"pallas_best_{_short(cd)}_over_{_short(dtype)}_tokens_per_s_B64_ctx8k"]
-        print(
-            f"{_short(cd)} cache tokens/s / {_short(dtype)} cache tokens/s at B64 ctx8k: "
-            f"jax_flash {jf:.2f}, pallas_best {pb:.2f}"
-        )
+    for sc in ("token", "head"):
+        for cd in _QUANTIZED:
+            quant = by_shape.get(dataclasses.replace(base, cache_dtype=cd, scales=sc))
+            if quant is None:
+                continue
+            name = _short(cd) + ("_head" if sc == "head" else "")
+            keys = {}
+            for impl in ("jax_flash", "pallas_best"):
+                ratio = _ratio(quant.get(impl, {}), by_shape[base].get(impl, {}), "tokens_per_s")
+                keys[impl] = f"{impl}_{name}_over_{_short(dtype)}_tokens_per_s_B64_ctx8k"
+                summary[keys[impl]] = ratio
+            print(
+                f"{_short(cd)} cache ({sc} scales) tokens/s / {_short(dtype)} cache tokens/s at "
+                f"B64 ctx8k: jax_flash {summary[keys['jax_flash']]:.2f}, "
+                f"pallas_best {summary[keys['pallas_best']]:.2f}"
+            )
     return summary
 
 

@@ -59,11 +59,18 @@ def test_decode_grids():
         ("bfloat16", "int8"),
         ("bfloat16", "float8_e4m3fn"),
     }
+    assert {(s.cache_dtype, s.scales) for s in full if s.quantized} == {
+        ("int8", "token"),
+        ("float8_e4m3fn", "token"),
+        ("float8_e4m3fn", "head"),
+    }
     quick = bench._decode_grid("quick", "gpu", ("bfloat16",))
-    assert {s.cache_dtype for s in quick if (s.batch, s.ctx) == (64, 8192)} == {
-        "bfloat16",
-        "int8",
-        "float8_e4m3fn",
+    assert {(s.cache_dtype, s.scales) for s in quick if (s.batch, s.ctx) == (64, 8192)} == {
+        ("bfloat16", "token"),
+        ("int8", "token"),
+        ("float8_e4m3fn", "token"),
+        ("int8", "head"),
+        ("float8_e4m3fn", "head"),
     }
 
 
@@ -83,6 +90,9 @@ def test_kv_bytes_count_scales():
     q8 = dataclasses.replace(s, cache_dtype="int8")
     assert q8.kv_bytes == 2 * 2 * 1024 * 2 * (128 + 4)
     assert dataclasses.replace(s, cache_dtype="float8_e4m3fn").kv_bytes == q8.kv_bytes
+    head = dataclasses.replace(q8, scales="head")  # [Hkv] scales: no bytes per token
+    assert head.kv_bytes == 2 * 2 * 1024 * 2 * 128
+    assert head.label() == "bf16/int8/head B2 ctx1k H8/2 D128 p16 Sq1"
 
 
 def test_prefill_runs(tmp_path):
@@ -106,6 +116,8 @@ def test_decode_runs(tmp_path):
         s,
         dataclasses.replace(s, cache_dtype="int8"),
         dataclasses.replace(s, cache_dtype="float8_e4m3fn"),
+        dataclasses.replace(s, cache_dtype="float8_e4m3fn", scales="head"),
+        dataclasses.replace(s, cache_dtype="int8", scales="head"),
         dataclasses.replace(s, seqlen_q=4),
         dataclasses.replace(s, page_size=64),
     ]
@@ -127,11 +139,14 @@ def test_decode_summary():
             (base, 100.0),
             (dataclasses.replace(base, cache_dtype="float8_e4m3fn"), 180.0),
             (dataclasses.replace(base, cache_dtype="int8"), 150.0),
+            (dataclasses.replace(base, cache_dtype="float8_e4m3fn", scales="head"), 190.0),
         )
     ]
     summary = bench._decode_summary(rows, "bfloat16")
     assert summary["jax_flash_fp8_over_bf16_tokens_per_s_B64_ctx8k"] == pytest.approx(1.8)
     assert summary["jax_flash_int8_over_bf16_tokens_per_s_B64_ctx8k"] == pytest.approx(1.5)
+    assert summary["jax_flash_fp8_head_over_bf16_tokens_per_s_B64_ctx8k"] == pytest.approx(1.9)
+    assert "jax_flash_int8_head_over_bf16_tokens_per_s_B64_ctx8k" not in summary
 
 
 def test_cli(monkeypatch):
