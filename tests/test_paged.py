@@ -168,6 +168,24 @@ def test_bad_data_gives_nan_for_that_sequence_only(platform, rng):
     assert err.get() is None
 
 
+@pytest.mark.parametrize("cache_dtype", ["bfloat16", "float8_e4m3fn"])
+def test_empty_cache_gives_nan(platform, rng, cache_dtype):
+    """A cache of no pages: every id is invalid, so sequences with keys get NaN, and no kernel
+    reads the (empty) cache."""
+    kp = jnp.zeros((0, 16, 2, 64), cache_dtype)
+    scales = {}
+    if cache_dtype != "bfloat16":
+        scales = {"k_scale": jnp.zeros((0, 16, 2), jnp.float32)}
+        scales["v_scale"] = scales["k_scale"]
+    bt = jnp.zeros((3, 4), jnp.int32)
+    kl = jnp.array([5, 64, 17], jnp.int32)
+    q = randn(rng, (3, 8, 64), jnp.bfloat16)  # 4 query rows per kv head: the tensor-core path
+    fn = functools.partial(jax_flash.paged_attention, implementation=platform.name)
+    put = {n: platform.put(x) for n, x in scales.items()}
+    o = jax.jit(functools.partial(fn, **put))(*platform.put(q, kp, kp, bt, kl))
+    assert np.all(np.isnan(np.asarray(o, np.float32)))
+
+
 def test_vmap(platform, rng):
     kp, vp, bt, kl = make_cache(rng, [9, 70, 33], 16, 2, 64, jnp.float32)
     qs = randn(rng, (4, 3, 6, 64), jnp.float32)

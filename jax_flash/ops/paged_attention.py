@@ -212,13 +212,13 @@ def paged_attention(
     max_pages = block_tables.shape[1]
     if num_splits is None:
         # The tensor-core kernel (paged_mma_supported): f16 / bf16 q with a cache of q's dtype
-        # or an int8 / float8 e4m3 cache (scaled), fewer than 2^32 cache rows of Hkv heads.
+        # or an int8 / float8 e4m3 cache (scaled), 1 to 2^32 - 1 cache rows of Hkv heads.
         mma_ok = (
             q4.dtype in (jnp.float16, jnp.bfloat16)
             and (k_pages.dtype == q4.dtype or k_pages.dtype in QUANTIZED_DTYPES)
             and D == Dv
             and D in (64, 128, 256)
-            and k_pages.shape[0] * page_size * Hkv < 2**32
+            and 0 < k_pages.shape[0] * page_size * Hkv < 2**32
         )
         num_splits = default_num_splits(
             B, Hkv, Hq // Hkv, Sq, max_pages * page_size, head_dim=D, mma_ok=mma_ok

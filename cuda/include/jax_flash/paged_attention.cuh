@@ -928,8 +928,9 @@ inline bool paged_use_mma(bool mma_ok, int64_t rows) {
 
 // Whether the tensor-core kernel supports these parameters: q float16 or bfloat16 with a cache
 // of q's dtype (no scales) or an int8 / float8 e4m3 cache (per-head or per-token scales),
-// D == Dv in {64, 128, 256}, q 16-byte aligned (it is read in 16-byte vectors), a cache of fewer
-// than 2^32 rows of Hkv heads (it indexes rows in 32 bits; 2^32 rows are over 256 GB).
+// D == Dv in {64, 128, 256}, q 16-byte aligned (it is read in 16-byte vectors), a cache of at
+// least one page (rows behind an invalid id read row 0: the output is NaN either way) and of
+// fewer than 2^32 rows of Hkv heads (it indexes rows in 32 bits; 2^32 rows are over 256 GB).
 inline bool paged_mma_supported(const PagedAttentionParams& p) {
   const bool f16 = p.dtype == DType::kFloat16 && p.cache_dtype == CacheDType::kFloat16;
   const bool bf16 = p.dtype == DType::kBFloat16 && p.cache_dtype == CacheDType::kBFloat16;
@@ -940,6 +941,7 @@ inline bool paged_mma_supported(const PagedAttentionParams& p) {
   return (same || quant) && p.head_dim == p.head_dim_v &&
          (p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256) &&
          reinterpret_cast<uintptr_t>(p.q) % 16 == 0 &&
+         p.num_pages > 0 &&
          static_cast<int64_t>(p.num_pages) * p.page_size * p.num_heads_k < (int64_t(1) << 32);
 }
 
