@@ -221,15 +221,23 @@ __device__ __forceinline__ PagedRowRef paged_row_ref(const int32_t* bt, int64_t 
   return r;
 }
 
+// Whether a prefetched key has a row to read: it is in range and its page id is valid; a key in
+// range behind an invalid id sets `bad`.
+__device__ __forceinline__ bool paged_row_ok(const PagedRowRef& r, const PagedAttentionParams& p,
+                                             int& bad) {
+  const bool ok = r.page >= 0 && r.page < p.num_pages;
+  bad |= r.valid && !ok;
+  return r.valid && ok;
+}
+
 // Cache row ((page * page_size + off) * Hkv + kvh) of a prefetched key, or -1 for a key past the
 // range or behind an invalid page id (never read through; it sets `bad`).
 __device__ __forceinline__ int64_t paged_row_index(const PagedRowRef& r,
                                                    const PagedAttentionParams& p, int kvh,
                                                    int& bad) {
-  const bool ok = r.page >= 0 && r.page < p.num_pages;
-  bad |= r.valid && !ok;
-  return r.valid && ok ? (static_cast<int64_t>(r.page) * p.page_size + r.off) * p.num_heads_k + kvh
-                       : int64_t(-1);
+  return paged_row_ok(r, p, bad)
+             ? (static_cast<int64_t>(r.page) * p.page_size + r.off) * p.num_heads_k + kvh
+             : int64_t(-1);
 }
 
 // 16-byte chunk `byte_off` of cache row `ri` (rows of row_bytes) of `base` into shared memory;

@@ -347,15 +347,14 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
   // The ring of row indices holds 32-bit cache rows (paged_mma_supported: the cache has fewer
   // than 2^32 rows); a key past the range or behind an invalid id holds row 0, a valid address
   // whose data is never used: the copy zero-fills rows past the key range, and an invalid id
-  // (checked here, as paged_row_index does) makes the output NaN.
+  // (paged_row_ok sets `bad`) makes the output NaN.
   auto store_row = [&](int slot) {
-    const bool ok = pf.page >= 0 && pf.page < p.num_pages;
-    bad |= pf.valid && !ok;
     rows_s[slot * kTK + tid] =
-        pf.valid && ok ? (static_cast<uint32_t>(pf.page) * ups + static_cast<uint32_t>(pf.off)) *
-                                 static_cast<uint32_t>(p.num_heads_k) +
-                             static_cast<uint32_t>(kvh)
-                       : 0u;
+        paged_row_ok(pf, p, bad)
+            ? (static_cast<uint32_t>(pf.page) * ups + static_cast<uint32_t>(pf.off)) *
+                      static_cast<uint32_t>(p.num_heads_k) +
+                  static_cast<uint32_t>(kvh)
+            : 0u;
   };
 #pragma nv_diag_default 549
   // This thread's 16-byte chunk of a cache row: K at kbase + row * kRB, V at vbase + row * kRB.
