@@ -5,6 +5,16 @@ import numpy as np
 
 DTYPES = {"float32": jnp.float32, "float16": jnp.float16, "bfloat16": jnp.bfloat16}
 
+# RoPE frequency scalings of the rope tests (Llama 3 style, and linear)
+LLAMA3 = {
+    "type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+LINEAR = {"type": "linear", "factor": 4.0}
+
 
 def randn(rng, shape, dtype, scale=1.0):
     return jnp.asarray(rng.standard_normal(shape, dtype=np.float32) * scale).astype(dtype)

@@ -11,16 +11,7 @@ import pytest
 from jax_flash import reference
 from jax_flash.ops.rope import apply_rope
 
-from _util import DTYPES, randn, rel_err, tolerance
-
-LLAMA3 = {
-    "type": "llama3",
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 8192,
-}
-LINEAR = {"type": "linear", "factor": 4.0}
+from _util import DTYPES, LINEAR, LLAMA3, randn, rel_err, tolerance
 
 
 def _cpu(*xs):

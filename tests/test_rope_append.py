@@ -11,16 +11,8 @@ import pytest
 import jax_flash
 from jax_flash import reference
 
-from _util import DTYPES, randn, rel_err, tolerance
+from _util import DTYPES, LINEAR, LLAMA3, randn, rel_err, tolerance
 
-LLAMA3 = {
-    "type": "llama3",
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 8192,
-}
-LINEAR = {"type": "linear", "factor": 4.0}
 CACHES = [("same", None), ("int8", "head"), ("int8", "token"), ("float8_e4m3fn", "head"),
           ("float8_e4m3fn", "token")]  # fmt: skip
 
