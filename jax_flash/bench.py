@@ -13,9 +13,13 @@ relative error against the float32 reference on the same inputs (where the refer
 Timing (every implementation alike): n calls run inside one jitted `lax.fori_loop`, each call's
 inputs depending on the previous call's output through a one-element in-place update (so no call
 is hoisted, merged or skipped, and host dispatch and synchronisation stay out of the per-call
-time); the figure is the median over several runs of the loop, divided by n. n is picked so that
-one run of the loop lasts tens of ms on GPU. Each row also times the loop with a trivial body
-("harness"): an upper bound on what the dependency adds to each call.
+time). A run of the loop also has a fixed cost besides its calls (dispatch, copies of the
+chained inputs, synchronisation: ~0.5 ms on an H100), so from 10 calls on the figure is the slope
+between the median run times of loops of n and n // 5 calls (the steady-state time of one call,
+as in a decode loop), else the median run time divided by n. n is picked so that one run of the
+loop lasts tens of ms on GPU. Each row also times the loop with a trivial body ("harness"): an
+upper bound on what the dependency adds to each call. The rooflines (matmul rate, copy and read
+bandwidth) are timed the same way.
 
 Decode rows time paged attention over a paged KV cache (random page permutation; int8 and
 float8_e4m3fn caches carry per-token-and-head float32 scales, as `append_kv` writes them, or in
@@ -71,19 +75,6 @@ def _kilo(n: int) -> str:
 # timing
 
 
-def _median_time(fn, args, *, warmup=3, iters=10, min_time=0.2) -> float:
-    """Median seconds per call of a jitted fn (synchronised), after warm-up."""
-    for _ in range(warmup):
-        jax.block_until_ready(fn(*args))
-    times = []
-    start = time.perf_counter()
-    while len(times) < iters or (time.perf_counter() - start < min_time and len(times) < 200):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
-
-
 def _corner(x):
     """x's first element, as an array of x's rank."""
     return jax.lax.slice(x, (0,) * x.ndim, (1,) * x.ndim)
@@ -131,11 +122,8 @@ def _loop_fn(fn, args, n: int, chain):
     return jax.jit(run)
 
 
-def _loop_time(fn, args, *, n: int, chain, runs: int = 5):
-    """(seconds per call, last output): median over `runs` runs of n chained calls inside one
-    jitted fori_loop (see _loop_fn), after a first run that compiles and warms up."""
-    loop = _loop_fn(fn, args, n, chain)
-    out = jax.block_until_ready(loop(*args))
+def _runs_time(loop, args, runs: int) -> float:
+    """Median seconds of `runs` synchronised calls of an already compiled and warmed-up loop."""
     times = []
     for _ in range(runs):
         t0 = time.perf_counter()
@@ -143,7 +131,32 @@ def _loop_time(fn, args, *, n: int, chain, runs: int = 5):
         times.append(time.perf_counter() - t0)
         if len(times) >= 3 and sum(times) > 1.0:  # slow peers: fewer runs
             break
-    return float(np.median(times)) / n, out
+    return float(np.median(times))
+
+
+def _slope_time(make_loop, args, n: int, runs: int):
+    """(seconds per call, last output) of loops of n chained calls (make_loop(n) -> jitted loop).
+    Each run of a loop has a fixed cost besides its calls (dispatch, copies of the chained args,
+    the output's zero fill, the final synchronisation: ~0.5 ms on an H100), which a short loop
+    would spread over its calls; from n >= 10 calls the time is the slope between a loop of n
+    calls and one of n // 5, which removes that cost (the steady-state time of one call, as in a
+    generate loop). Below 10 calls (CPU, slow peers): the run's time / n."""
+    loop = make_loop(n)
+    out = jax.block_until_ready(loop(*args))
+    t = _runs_time(loop, args, runs)
+    if n < 10:
+        return t / n, out
+    small = n // 5
+    short = make_loop(small)
+    jax.block_until_ready(short(*args))
+    ts = _runs_time(short, args, runs)
+    return max(t - ts, 0.0) / (n - small), out
+
+
+def _loop_time(fn, args, *, n: int, chain, runs: int = 5):
+    """(seconds per call, last output): chained calls of fn inside one jitted fori_loop (see
+    _loop_fn), compiled and warmed up by a first run; see _slope_time."""
+    return _slope_time(lambda m: _loop_fn(fn, args, m, chain), args, n, runs)
 
 
 def _pick_n(t_pred: float, target: float, n_min: int, n_max: int) -> int:
@@ -165,21 +178,22 @@ def _harness_time(args, chain, n: int) -> float:
 
 def _scaled_loop_time(f, x, n: int) -> float:
     """Seconds per call of f(x, c) with c a loop-carried scalar (always 1): each call reads all
-    of x and writes its output, and the read-only x is never copied."""
+    of x and writes its output, and the read-only x is never copied (see _slope_time)."""
 
-    def run(x):
-        def body(_, carry):
-            c, _ = carry
-            o = f(x, c)
-            return c + jnp.isnan(o.reshape(-1)[0]).astype(c.dtype), o
+    def make(m):
+        def run(x):
+            def body(_, carry):
+                c, _ = carry
+                o = f(x, c)
+                return c + jnp.isnan(o.reshape(-1)[0]).astype(c.dtype), o
 
-        one = jnp.ones((), jnp.float32)
-        o = jax.eval_shape(f, x, one)
-        return jax.lax.fori_loop(0, n, body, (one, jnp.zeros(o.shape, o.dtype)))
+            one = jnp.ones((), jnp.float32)
+            o = jax.eval_shape(f, x, one)
+            return jax.lax.fori_loop(0, m, body, (one, jnp.zeros(o.shape, o.dtype)))
 
-    loop = jax.jit(run)
-    jax.block_until_ready(loop(x))
-    return _median_time(loop, (x,), warmup=0, iters=5, min_time=0.0) / n
+        return jax.jit(run)
+
+    return _slope_time(make, (x,), n, runs=5)[0]
 
 
 def _rooflines(device_kind: str) -> dict:
@@ -248,7 +262,10 @@ def _device_info(device) -> dict:
         "host": _platform.node(),
         "cpu_count": os.cpu_count(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "timing": "median over runs of n chained calls in one jitted fori_loop, / n",
+        "timing": (
+            "n chained calls in one jitted fori_loop: slope of the median run time between n "
+            "and n // 5 calls (n >= 10), else median run time / n"
+        ),
     }
     if device.platform == "gpu":
         try:
@@ -851,7 +868,7 @@ def _decode_n(kind, name, s: DecodeShape, roof) -> int:
     slow = name == "jnp_gather"
     if kind == "gpu":
         bw = roof.get("hbm_read_gbps", 3000.0) * 1e9 * (0.3 if slow else 0.7)
-        return _pick_n(s.kv_bytes / bw + 5e-6, 0.02, 5, 2000)
+        return _pick_n(s.kv_bytes / bw + 5e-6, 0.04, 5, 2000)
     bw = 1e10 * (0.05 if slow else 1.0)
     return _pick_n(s.kv_bytes / bw, 0.01, 1, 5)
 

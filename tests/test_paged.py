@@ -145,6 +145,31 @@ def test_quantized_cache(platform, rng, cache_dtype, per_token):
     assert qerr < (0.03 if cache_dtype == "int8" else 0.1), qerr
 
 
+@pytest.mark.parametrize("cap", [None, 5.0])
+@pytest.mark.parametrize("q_mag", [1e-6, 3e4])
+@pytest.mark.parametrize("cache_dtype", ["int8", "float8_e4m3fn"])
+def test_quantized_cache_wide_ranges(platform, rng, cache_dtype, q_mag, cap):
+    """bfloat16 q far outside float16's range (the CUDA kernel runs Q K^T in float16 on a
+    rescaled q) and per-token V scales spanning 10^6 (P V runs in float16 against a running
+    reference scale)."""
+    cdt = jnp.dtype(cache_dtype)
+    lens = [3, 250, 1000]
+    D, Hkv, G = 128, 2, 8
+    kf, vf, bt, kl = make_cache(rng, lens, 16, Hkv, D, jnp.float32)
+    P, page = kf.shape[:2]
+    kf = kf * 10.0 ** rng.uniform(-0.5, 0.5, (P, page, Hkv, 1))
+    vf = vf * 10.0 ** rng.uniform(-3.0, 3.0, (P, page, Hkv, 1))
+    ks, vs = (reference.per_token_scale(x, cdt) for x in (kf, vf))
+    kq = reference.quantize(kf, ks[..., None], cdt)
+    vq = reference.quantize(vf, vs[..., None], cdt)
+    q = (randn(rng, (len(lens), Hkv * G, D), jnp.float32) * q_mag).astype(jnp.bfloat16)
+    assert not np.any(np.isinf(np.asarray(q, np.float32)))
+    opts = {"softmax_scale": 1.0 / (q_mag * np.sqrt(D))}
+    if cap is not None:
+        opts["logits_soft_cap"] = cap
+    _check(platform, rng, q, kq, vq, bt, kl, k_scale=ks, v_scale=vs, **opts)
+
+
 def test_bad_data_gives_nan_for_that_sequence_only(platform, rng):
     kp, vp, bt, kl = make_cache(rng, [40, 40, 40, 40, 40], 16, 2, 64, jnp.float32)
     P = kp.shape[0]

@@ -9,7 +9,10 @@
 //   nvcc -I cuda/include -std=c++17 -O3 --expt-relaxed-constexpr -gencode arch=compute_90a,code=sm_90a \
 //     -o /tmp/pm tools/paged_mma_check.cu cuda/src/paged_attention_mma_*.cu && /tmp/pm
 // Exit status 0 when every case passes. Flags: --no-timing (correctness only), --q8 (only the
-// 8-bit cache cases and timing rows, with bf16 reference rows).
+// 8-bit cache cases and timing rows, with bf16 reference rows), --profile (one launch of the
+// tensor-core kernel per row at 64 x 8k, for ncu), --bw (only the tensor-core kernel's time at
+// the decode benchmark's main shapes), --seq (timing rows with each sequence's pages in order
+// instead of shuffled).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -335,7 +338,7 @@ static bool run_case(const Case& c) {
 
 // ---- the in-register code conversions (q8::cvt4, q8::cvt4_v), every code at every byte ----
 
-template <typename T, typename TC>
+template <typename TC>
 __global__ void cvt_kernel(uint32_t* out) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;  // 256 codes x 4 byte positions
   if (i >= 1024) return;
@@ -345,9 +348,9 @@ __global__ void cvt_kernel(uint32_t* out) {
   for (uint32_t k = 0; k < 4; ++k) w |= (k == j ? c : (c * 37u + 11u * k + 5u) & 0xffu) << (8 * k);
   uint32_t* o = out + 7 * i;  // w, cvt4's lo and hi, cvt4_v's f[4] (second key: ~w ^ 0x5a...)
   o[0] = w;
-  paged::q8::cvt4<T, TC>(w, o[1], o[2]);
+  paged::q8::cvt4<TC>(w, o[1], o[2]);
   uint32_t f[4];
-  paged::q8::cvt4_v<T, TC>(w, ~w ^ 0x5a5a5a5au, f);
+  paged::q8::cvt4_v<TC>(w, ~w ^ 0x5a5a5a5au, f);
   for (int e = 0; e < 4; ++e) o[3 + e] = f[e];
 }
 
@@ -368,14 +371,15 @@ static uint16_t bits16(float x) {
 }
 
 // Every code at every byte position through cvt4 and cvt4_v, compared bit for bit with the
-// reference conversion (code -> float -> T, exact for these types). The e4m3 NaN codes are
-// skipped (NaN bit patterns need not match).
-template <typename T, typename TC>
+// reference conversion (code -> float -> float16, exact). The e4m3 NaN codes are skipped (NaN
+// bit patterns need not match).
+template <typename TC>
 static bool check_cvt() {
+  using T = __half;
   uint32_t* d;
   CK(cudaMalloc(&d, 1024 * 7 * 4));
   std::vector<uint32_t> a(1024 * 7);
-  cvt_kernel<T, TC><<<4, 256>>>(d);
+  cvt_kernel<TC><<<4, 256>>>(d);
   CK(cudaMemcpy(a.data(), d, a.size() * 4, cudaMemcpyDeviceToHost));
   CK(cudaFree(d));
   int bad = 0, checked = 0;
@@ -400,9 +404,8 @@ static bool check_cvt() {
       expect((wb >> (8 * e)) & 255, o[3 + e] >> 16, "cvt4_v", w);
     }
   }
-  std::printf("%-4s/%-4s code conversion (cvt4, cvt4_v): %d values  %s\n",
-              std::is_same_v<T, __half> ? "f16" : "bf16", cname<TC>(), checked,
-              bad ? "FAIL" : "PASS");
+  std::printf("%-4s -> f16 code conversion (cvt4, cvt4_v): %d values  %s\n", cname<TC>(),
+              checked, bad ? "FAIL" : "PASS");
   return bad == 0;
 }
 
@@ -423,6 +426,7 @@ __global__ void fill_random(T* x, size_t n, uint32_t seed) {
 static double g_ref_mma_ms = 0;  // last 16-bit row's tensor-core time (tokens/s ratio)
 static int g_warm = 5, g_iters = 50;  // --profile: 1 and 1, tensor-core kernel only
 static bool g_mma_only = false;
+static bool g_seq_pages = false;  // --seq: each sequence's pages in order (default: shuffled)
 
 template <typename T, typename TC = T>
 static void time_case(int B, int ctx, int Hq, int Hkv, int Sq, int D, int ps, int num_sms,
@@ -433,7 +437,7 @@ static void time_case(int B, int ctx, int Hq, int Hkv, int Sq, int D, int ps, in
   std::vector<int32_t> bt(static_cast<size_t>(B) * max_pages);
   std::vector<int> perm(num_pages);
   for (int i = 0; i < num_pages; ++i) perm[i] = i;
-  std::shuffle(perm.begin(), perm.end(), rng);
+  if (!g_seq_pages) std::shuffle(perm.begin(), perm.end(), rng);
   for (size_t i = 0; i < bt.size(); ++i) bt[i] = perm[i];
   std::vector<int> lens(B, ctx);
   const size_t nq = static_cast<size_t>(B) * Sq * Hq * D;
@@ -537,10 +541,26 @@ int main(int argc, char** argv) {
   bool ok = true;
   bool no_timing = false, q8_only = false;  // --no-timing; --q8: only the 8-bit cases and rows
   bool profile = false;  // --profile: one launch of the tensor-core kernel per timing row
+  bool bw = false;       // --bw: the tensor-core kernel's time at the benchmark's main shapes
   for (int i = 1; i < argc; ++i) {
     no_timing |= std::string(argv[i]) == "--no-timing";
     q8_only |= std::string(argv[i]) == "--q8";
     profile |= std::string(argv[i]) == "--profile";
+    bw |= std::string(argv[i]) == "--bw";
+    g_seq_pages |= std::string(argv[i]) == "--seq";
+  }
+  if (bw) {  // bf16 32/8 D128 page 16 at 64 x 8k, 128 x 2k, 256 x 1k; e4m3 at 64 x 8k
+    g_mma_only = true;
+    g_iters = 100;
+    time_case<__nv_bfloat16>(64, 8192, 32, 8, 1, 128, 16, num_sms);
+    time_case<__nv_bfloat16>(128, 2048, 32, 8, 1, 128, 16, num_sms);
+    time_case<__nv_bfloat16>(256, 1024, 32, 8, 1, 128, 16, num_sms);
+    time_case<__nv_bfloat16>(64, 8192, 32, 8, 1, 128, 16, num_sms);
+    time_case<__nv_bfloat16, __nv_fp8_e4m3>(64, 8192, 32, 8, 1, 128, 16, num_sms,
+                                            ScaleMode::kPerHead);
+    time_case<__nv_bfloat16, __nv_fp8_e4m3>(64, 8192, 32, 8, 1, 128, 16, num_sms,
+                                            ScaleMode::kPerToken);
+    return 0;
   }
   if (profile) {  // for ncu: B=64 ctx=8k, bf16 / e4m3 per head / e4m3 per token / f16 e4m3
     g_warm = 1;
@@ -554,10 +574,8 @@ int main(int argc, char** argv) {
     time_case<__half, __nv_fp8_e4m3>(64, 8192, 32, 8, 1, 128, 16, num_sms, ScaleMode::kPerToken);
     return 0;
   }
-  ok &= check_cvt<__nv_bfloat16, int8_t>();
-  ok &= check_cvt<__half, int8_t>();
-  ok &= check_cvt<__nv_bfloat16, __nv_fp8_e4m3>();
-  ok &= check_cvt<__half, __nv_fp8_e4m3>();
+  ok &= check_cvt<int8_t>();
+  ok &= check_cvt<__nv_fp8_e4m3>();
   const std::vector<int> lens = {0, 5, 97, 333, 1001};
   for (int D : {64, 128, 256})
     for (int G : {4, 8})

@@ -29,9 +29,11 @@
 //
 // 8-bit caches (TC = int8_t / __nv_fp8_e4m3): rows of D bytes are copied the same way (per-token
 // scales travel with their tile, 4-byte cp.async, as in the CUDA-core kernel), into a ring of up
-// to 6 stages. The warps read their 16-key slice straight from the 8-bit tile into mma B
-// fragments (no ldmatrix) and convert the stored codes to q's 16-bit type, exactly and WITHOUT
-// the scale (|int8| <= 127 and every e4m3 value are exact in float16 and bfloat16):
+// to 6 stages. Both mma run in float16 whatever q's type: the warps read their 16-key slice
+// straight from the 8-bit tile into mma B fragments (no ldmatrix) and convert the stored codes
+// to float16, exactly and WITHOUT the scale (|int8| <= 128 and every e4m3 value are float16
+// values; e4m3 converts in one instruction per pair); bfloat16 q is stored as float16 times a
+// power of two chosen per CTA (exact for every q within 2^29 of the largest):
 //   K (B of Q K^T, K[key][2 adjacent d]): lane (g, t) loads 16 bytes of key g's row at
 //     d = 64 j + 16 t; byte pair {0,1} / {2,3} of word i is its b0 / b1 of k-step kk = 4 j + i.
 //     This permutes the head dim inside each 64-wide block; Q's shared copy is stored permuted
@@ -43,8 +45,9 @@
 // Rows are XOR-swizzled in 16-byte chunks (q8_swz) so that these loads are free of bank
 // conflicts (D = 64: 2-way on V). Scales in float32: a per-head K scale is folded into the score
 // scale, a per-token K scale multiplies the score columns after the mma; a per-head V scale
-// multiplies the final O, a per-token V scale P's columns (float32) before P is rounded to 16
-// bits (as P itself is).
+// multiplies the final O; per-token V scales, divided by a per-warp reference (the largest seen,
+// raised lazily, as the softmax max is), multiply P's columns (float32) before P is rounded to
+// float16, and the reference multiplies the warp's O at the end.
 //
 // At the end the warps' (max, sum, O) states are merged through shared memory (overlaying the
 // ring), normalised and stored; with split-KV (num_splits > 1) as the CUDA-core kernel's
@@ -153,76 +156,65 @@ __device__ __forceinline__ int vcol(int n, int dt) {
   }
 }
 
-// 4 cache codes (the bytes of w, low first) -> two registers of two 16-bit values of type T
-// (codes 0, 1 -> lo; 2, 3 -> hi), exact and unscaled.
-template <typename T, typename TC>
+// 4 cache codes (the bytes of w, low first) -> two registers of two float16 values (codes 0, 1
+// -> lo; 2, 3 -> hi), exact and unscaled (|int8| <= 128 and every e4m3 value are float16 values).
+template <typename TC>
 __device__ __forceinline__ void cvt4(uint32_t w, uint32_t& lo, uint32_t& hi) {
   if constexpr (std::is_same_v<TC, int8_t>) {
-    if constexpr (std::is_same_v<T, __half>) {
-      // float16 1024 + u (u = x + 128 in [0, 255]) has the bits 0x64uu; minus 1152: x.
-      const uint32_t x = w ^ 0x80808080u;
-      const uint32_t a = __byte_perm(x, 0x64646464u, 0x4140);
-      const uint32_t b = __byte_perm(x, 0x64646464u, 0x4342);
-      const __half2 off = __half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));
-      __half2 ha, hb;
-      memcpy(&ha, &a, 4);
-      memcpy(&hb, &b, 4);
-      ha = __hsub2(ha, off);
-      hb = __hsub2(hb, off);
-      memcpy(&lo, &ha, 4);
-      memcpy(&hi, &hb, 4);
-    } else {
-      // x = (x & 127) - 128 * sign: bfloat16 0x43mm is 128 + m (m < 128), 0x4300 | (x & 128)
-      // is 128 or 256; their difference is exact. (byte_perm inserts the 0x43 bytes: a register
-      // constant, where an OR would cost one more instruction per pair.)
-      const uint32_t m = w & 0x7f7f7f7fu, sg = w & 0x80808080u;
-      const uint32_t am = __byte_perm(m, 0x43434343u, 0x4140);
-      const uint32_t bm = __byte_perm(m, 0x43434343u, 0x4342);
-      const uint32_t as = __byte_perm(sg, 0x43434343u, 0x4140);
-      const uint32_t bs = __byte_perm(sg, 0x43434343u, 0x4342);
-      __nv_bfloat162 x0, x1, y0, y1;
-      memcpy(&x0, &am, 4);
-      memcpy(&x1, &as, 4);
-      memcpy(&y0, &bm, 4);
-      memcpy(&y1, &bs, 4);
-      x0 = __hsub2(x0, x1);
-      y0 = __hsub2(y0, y1);
-      memcpy(&lo, &x0, 4);
-      memcpy(&hi, &y0, 4);
-    }
+    // float16 1024 + u (u = x + 128 in [0, 255]) has the bits 0x64uu; minus 1152: x.
+    const uint32_t x = w ^ 0x80808080u;
+    const uint32_t a = __byte_perm(x, 0x64646464u, 0x4140);
+    const uint32_t b = __byte_perm(x, 0x64646464u, 0x4342);
+    const __half2 off = __half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));
+    __half2 ha, hb;
+    memcpy(&ha, &a, 4);
+    memcpy(&hb, &b, 4);
+    ha = __hsub2(ha, off);
+    hb = __hsub2(hb, off);
+    memcpy(&lo, &ha, 4);
+    memcpy(&hi, &hb, 4);
   } else {
     const __half2_raw a = __nv_cvt_fp8x2_to_halfraw2(
         static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), __NV_E4M3);
     const __half2_raw b = __nv_cvt_fp8x2_to_halfraw2(
         static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
-    if constexpr (std::is_same_v<T, __half>) {
-      memcpy(&lo, &a, 4);
-      memcpy(&hi, &b, 4);
-    } else {
-      // e4m3 -> float16 -> float32 -> bfloat16: every step exact (3 mantissa bits).
-      const __nv_bfloat162 x = __float22bfloat162_rn(__half22float2(__half2(a)));
-      const __nv_bfloat162 y = __float22bfloat162_rn(__half22float2(__half2(b)));
-      memcpy(&lo, &x, 4);
-      memcpy(&hi, &y, 4);
-    }
+    memcpy(&lo, &a, 4);
+    memcpy(&hi, &b, 4);
   }
 }
 
 // V fragments of one column group: wa, wb hold 4 columns (bytes) of keys 2t, 2t + 1 (or 2t + 8,
-// 2t + 9); f[e] = the two keys' values of column e (low half: the first key), exact.
-template <typename T, typename TC>
+// 2t + 9); f[e] = the two keys' float16 values of column e (low half: the first key), exact.
+template <typename TC>
 __device__ __forceinline__ void cvt4_v(uint32_t wa, uint32_t wb, uint32_t (&f)[4]) {
-  cvt4<T, TC>(__byte_perm(wa, wb, 0x5140), f[0], f[1]);
-  cvt4<T, TC>(__byte_perm(wa, wb, 0x7362), f[2], f[3]);
+  cvt4<TC>(__byte_perm(wa, wb, 0x5140), f[0], f[1]);
+  cvt4<TC>(__byte_perm(wa, wb, 0x7362), f[2], f[3]);
 }
 
-// bfloat16 q with an 8-bit cache and per-head scales: P V runs in float16. The codes are exact in
-// float16 too and convert with fewer instructions (float8 e4m3: one per pair), and P (<= 2^8
-// with the lazy rescale, unscaled with per-head scales) keeps 3 more mantissa bits in float16;
-// a weight below 2^-24 flushes to 0 (< 2^-24 of the row's largest, which is >= 1). Per-token
-// V scales multiply P (their range is the data's), so P V stays in bfloat16 there.
-template <typename T, typename TC>
-constexpr bool kF16PV = std::is_same_v<T, __nv_bfloat16> && sizeof(TC) == 1;
+// Largest |x| of the two bfloat16 values of a word (0 for float16: its q is used as it is).
+template <typename T>
+__device__ __forceinline__ float absmax2(uint32_t w) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return fmaxf(fabsf(__uint_as_float(w << 16)), fabsf(__uint_as_float(w & 0xffff0000u)));
+  } else {
+    return 0.f;
+  }
+}
+
+// A word of two bfloat16 q values -> two float16 values times 2^-sh (exact where the product is
+// a normal float16; see the kernel's Q load); float16 words as they are.
+template <typename T>
+__device__ __forceinline__ uint32_t q_to_f16(uint32_t w, float scale) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __half2 h = __floats2half2_rn(__uint_as_float(w << 16) * scale,
+                                        __uint_as_float(w & 0xffff0000u) * scale);
+    uint32_t r;
+    memcpy(&r, &h, 4);
+    return r;
+  } else {
+    return w;
+  }
+}
 
 }  // namespace q8
 
@@ -243,6 +235,9 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
   constexpr int kQCh = C::kQChunks;
   constexpr int kRows = C::kRows;
   constexpr int kDT = D / 8;  // n8 tiles of O
+  // The mma input type: q's, or float16 with an 8-bit cache (the codes convert to float16 in
+  // one instruction per pair for e4m3, two for int8; bfloat16 q is stored as float16, scaled).
+  using TM = std::conditional_t<kQ8, __half, T>;
 
   extern __shared__ __align__(1024) unsigned char mma_smem[];
   unsigned char* smem = mma_smem;
@@ -424,6 +419,33 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
     }
     pf = ref0[kS];
   }
+  // 8-bit caches with bfloat16 q: Q K^T runs in float16 on Q * 2^-q_sh, with 2^(15 - q_sh) the
+  // power of two above the CTA's largest |q| (none overflows, and every q within 2^29 of the
+  // largest is a normal float16: exact, as bfloat16 has 8 significant bits); 2^q_sh goes into
+  // the score scale. Smaller q lose bits as float16 subnormals (an absolute error < 2^-40 of
+  // the largest |q|: below float32 accumulation). Inf / NaN q pass through.
+  int q_sh = 0;
+  float q_scale = 1.f;
+  if constexpr (kQ8 && std::is_same_v<T, __nv_bfloat16>) {
+    float mx = 0.f;
+#pragma unroll
+    for (int k = 0; k < C::kQIt; ++k) {
+      mx = fmaxf(mx, fmaxf(fmaxf(q8::absmax2<T>(qv[k].x), q8::absmax2<T>(qv[k].y)),
+                           fmaxf(q8::absmax2<T>(qv[k].z), q8::absmax2<T>(qv[k].w))));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, o));
+    if (lane == 0) fm_s[warp] = mx;  // fm_s is free until the epilogue
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < C::kWarps; ++w) mx = fmaxf(mx, fm_s[w]);
+    if (mx > 0.f && mx <= 3.4e38f) {
+      int ex;
+      frexpf(mx, &ex);  // mx < 2^ex
+      q_sh = min(max(ex - 15, -100), 100);
+      q_scale = ldexpf(1.f, -q_sh);
+    }
+  }
 #pragma unroll
   for (int k = 0; k < C::kQIt; ++k) {
     const int idx = tid + k * kNT;
@@ -436,7 +458,7 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
       for (int e = 0; e < 4; ++e) {
         const int L = q8::q_perm_word(4 * c + e);
         *reinterpret_cast<uint32_t*>(q_s + mma_detail::swizzle<kQCh>(r, L >> 2) + 4 * (L & 3)) =
-            w[e];
+            q8::q_to_f16<T>(w[e], q_scale);
       }
     } else {
       *reinterpret_cast<uint4*>(q_s + mma_detail::swizzle<kQCh>(r, c)) = qv[k];
@@ -497,6 +519,11 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
     }
     vscale_head = __ldg(p.v_scale + kvh);
   }
+  if (has_cap) {
+    cap_in = ldexpf(cap_in, q_sh);
+  } else {
+    x_scale = ldexpf(x_scale, q_sh);
+  }
 
   float o[kDT][4];
 #pragma unroll
@@ -506,6 +533,10 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
   }
   float m_ref[2] = {neg_inf(), neg_inf()};  // per-warp reference max of rows g, g + 8
   float l_sum[2] = {0.f, 0.f};              // this thread's part of the rows' sums
+  // Per-token V scales: P's columns times their key's V scale / v_ref go into the float16 P V,
+  // v_ref a per-warp reference (the largest |scale| seen, raised lazily as the max is), so that
+  // O = v_ref * (the accumulators) and every weight stays <= 2^8 * 2^7 (float16 holds 2^15).
+  float v_ref = 0.f;
 
   // ---- main loop ----
   for (int n = 0; n < ntiles; ++n) {
@@ -537,13 +568,13 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
     // fragment kf (Q from registers, or re-read from shared memory where it does not fit them).
     auto qk_step = [&](int sl, int kk, const uint32_t (&kf)[4]) {
       if constexpr (C::kQRegs) {
-        mma_detail::mma_16816<T>(s[2 * sl], qa[kk], kf[0], kf[1]);
-        mma_detail::mma_16816<T>(s[2 * sl + 1], qa[kk], kf[2], kf[3]);
+        mma_detail::mma_16816<TM>(s[2 * sl], qa[kk], kf[0], kf[1]);
+        mma_detail::mma_16816<TM>(s[2 * sl + 1], qa[kk], kf[2], kf[3]);
       } else {
         uint32_t qf[4];
         mma_detail::ldmatrix_x4(qf, mma_detail::chunk_pair(q_lane, kk));
-        mma_detail::mma_16816<T>(s[2 * sl], qf, kf[0], kf[1]);
-        mma_detail::mma_16816<T>(s[2 * sl + 1], qf, kf[2], kf[3]);
+        mma_detail::mma_16816<TM>(s[2 * sl], qf, kf[0], kf[1]);
+        mma_detail::mma_16816<TM>(s[2 * sl + 1], qf, kf[2], kf[3]);
       }
     };
     if constexpr (kQ8) {
@@ -569,8 +600,8 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
 #pragma unroll
           for (int sl = 0; sl < kSl; ++sl) {
             uint32_t kf[4];
-            q8::cvt4<T, TC>(w[sl][0][i], kf[0], kf[1]);
-            q8::cvt4<T, TC>(w[sl][1][i], kf[2], kf[3]);
+            q8::cvt4<TC>(w[sl][0][i], kf[0], kf[1]);
+            q8::cvt4<TC>(w[sl][1][i], kf[2], kf[3]);
             qk_step(sl, kk, kf);
           }
         }
@@ -662,26 +693,46 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
       }
     }
 
-    if (per_token) {  // after the sums: P's columns times the V scale of their key
+    if (per_token) {  // after the sums: P's columns times the V scale of their key / v_ref
+      float vmax = 0.f;
 #pragma unroll
       for (int nt = 0; nt < kSN; ++nt) {
         const float2 vs = *reinterpret_cast<const float2*>(scl + kTK + nt * 8);
-        s[nt][0] *= vs.x;
-        s[nt][1] *= vs.y;
-        s[nt][2] *= vs.x;
-        s[nt][3] *= vs.y;
+        vmax = fmaxf(vmax, fmaxf(fabsf(vs.x), fabsf(vs.y)));
+      }
+      // the warp's keys: lanes of one t share them, so the max over t is warp-uniform
+      vmax = fmaxf(vmax, __shfl_xor_sync(kFull, vmax, 1));
+      vmax = fmaxf(vmax, __shfl_xor_sync(kFull, vmax, 2));
+      if (vmax > v_ref * 128.f) {
+        const float corr = v_ref / vmax;  // 0 while nothing was accumulated
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[dt][e] *= corr;
+        }
+        v_ref = vmax;
+      }
+      const float inv = v_ref > 0.f ? 1.f / v_ref : 0.f;  // v_ref 0: every scale so far is 0
+#pragma unroll
+      for (int nt = 0; nt < kSN; ++nt) {
+        const float2 vs = *reinterpret_cast<const float2*>(scl + kTK + nt * 8);
+        const float ax = vs.x * inv, ay = vs.y * inv;
+        s[nt][0] *= ax;
+        s[nt][1] *= ay;
+        s[nt][2] *= ax;
+        s[nt][3] *= ay;
       }
     }
 
-    // O += P V: P (16 rows x the warp's 16 keys) is one k16 A tile, of type TV: q's type, or
-    // float16 for bfloat16 q with an 8-bit cache and per-head scales (q8::kF16PV).
-    auto pv = [&](auto tv, int sl) {
-      using TV = decltype(tv);
+    // O += P V: P (16 rows x the warp's 16 keys) is one k16 A tile, of type TM (float16 with an
+    // 8-bit cache: P <= 2^8 keeps 3 more mantissa bits than in bfloat16, and a weight below
+    // 2^-24 of the row's largest flushes to 0).
+    auto pv = [&](int sl) {
       uint32_t pa[4];
-      pa[0] = mma_detail::pack2<TV>(s[2 * sl][0], s[2 * sl][1]);
-      pa[1] = mma_detail::pack2<TV>(s[2 * sl][2], s[2 * sl][3]);
-      pa[2] = mma_detail::pack2<TV>(s[2 * sl + 1][0], s[2 * sl + 1][1]);
-      pa[3] = mma_detail::pack2<TV>(s[2 * sl + 1][2], s[2 * sl + 1][3]);
+      pa[0] = mma_detail::pack2<TM>(s[2 * sl][0], s[2 * sl][1]);
+      pa[1] = mma_detail::pack2<TM>(s[2 * sl][2], s[2 * sl][3]);
+      pa[2] = mma_detail::pack2<TM>(s[2 * sl + 1][0], s[2 * sl + 1][1]);
+      pa[3] = mma_detail::pack2<TM>(s[2 * sl + 1][2], s[2 * sl + 1][3]);
       if constexpr (kQ8) {
         // Lane (g, t): words of keys 2t, 2t+1 (b0) and 2t+8, 2t+9 (b1) at columns vcol(g, dt);
         // byte_perm pairs the two keys of each column: word w of a load feeds tiles 4w..4w+3.
@@ -700,10 +751,10 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
 #pragma unroll
           for (int w = 0; w < 2; ++w) {
             uint32_t f0[4], f1[4];
-            q8::cvt4_v<TV, TC>(wa[w], wb[w], f0);
-            q8::cvt4_v<TV, TC>(wc[w], wd[w], f1);
+            q8::cvt4_v<TC>(wa[w], wb[w], f0);
+            q8::cvt4_v<TC>(wc[w], wd[w], f1);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) mma_detail::mma_16816<TV>(o[4 * w + e], pa, f0[e], f1[e]);
+            for (int e = 0; e < 4; ++e) mma_detail::mma_16816<TM>(o[4 * w + e], pa, f0[e], f1[e]);
           }
         } else {
 #pragma unroll
@@ -719,11 +770,11 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
 #pragma unroll
             for (int w = 0; w < 4; ++w) {
               uint32_t f0[4], f1[4];
-              q8::cvt4_v<TV, TC>(wa[w], wb[w], f0);
-              q8::cvt4_v<TV, TC>(wc[w], wd[w], f1);
+              q8::cvt4_v<TC>(wa[w], wb[w], f0);
+              q8::cvt4_v<TC>(wc[w], wd[w], f1);
 #pragma unroll
               for (int e = 0; e < 4; ++e)
-                mma_detail::mma_16816<TV>(o[16 * h + 4 * w + e], pa, f0[e], f1[e]);
+                mma_detail::mma_16816<TM>(o[16 * h + 4 * w + e], pa, f0[e], f1[e]);
             }
           }
         }
@@ -732,23 +783,13 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
         for (int dp = 0; dp < D / 16; ++dp) {
           uint32_t vf[4];
           mma_detail::ldmatrix_x4_trans(vf, mma_detail::chunk_pair(sV + v_lane + sl * 16 * kRB, dp));
-          mma_detail::mma_16816<TV>(o[2 * dp], pa, vf[0], vf[1]);
-          mma_detail::mma_16816<TV>(o[2 * dp + 1], pa, vf[2], vf[3]);
+          mma_detail::mma_16816<TM>(o[2 * dp], pa, vf[0], vf[1]);
+          mma_detail::mma_16816<TM>(o[2 * dp + 1], pa, vf[2], vf[3]);
         }
       }
     };
 #pragma unroll
-    for (int sl = 0; sl < kSl; ++sl) {
-      if constexpr (q8::kF16PV<T, TC>) {
-        if (per_token) {
-          pv(T{}, sl);
-        } else {
-          pv(__half{}, sl);
-        }
-      } else {
-        pv(T{}, sl);
-      }
-    }
+    for (int sl = 0; sl < kSl; ++sl) pv(sl);
   }
 
   // ---- epilogue: merge the warps' states ----
@@ -774,7 +815,7 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
 #pragma unroll
     for (int w = 0; w < C::kWarps; ++w) mf = fmaxf(mf, wm_s[w * kRows + r]);
     const float mref = mf == neg_inf() ? 0.f : mf;
-    const float f = fast_exp2(m_ref[hf] - mref);
+    const float f = fast_exp2(m_ref[hf] - mref) * (per_token ? v_ref : 1.f);
     if constexpr (kQ8) {  // undo the column permutation of the 8-bit V path
       float* dst = red_s + (warp * kRows + r) * C::kRedStride;
 #pragma unroll
