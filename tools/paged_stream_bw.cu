@@ -1,0 +1,145 @@
+// Read bandwidth of the paged-cache access pattern alone (no attention math): each CTA streams
+// the K and V rows of one sequence and one group of adjacent KV heads through a ring of shared
+// memory with 16-byte cp.async, as the decode kernels do, and only sums one word per tile.
+// It separates what the layout allows from what a kernel makes of it: rows of `row` bytes per
+// CTA (the heads a CTA reads side by side: 128 = one e4m3 head of D=128, 256 = one bf16 head or
+// two e4m3 heads), at a stride of Hkv * D * elem bytes per token, pages shuffled or in order.
+//
+//   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -o /tmp/sb tools/paged_stream_bw.cu
+//   /tmp/sb
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#define CK(x)                                                                   \
+  do {                                                                          \
+    cudaError_t e_ = (x);                                                       \
+    if (e_ != cudaSuccess) {                                                    \
+      std::printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));    \
+      std::exit(1);                                                             \
+    }                                                                           \
+  } while (0)
+
+constexpr int kThreads = 128;
+
+__device__ __forceinline__ void cp16(uint32_t s, const void* g) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(g));
+}
+
+// kTileBytes: K (or V) bytes of one tile (16 KB in the decode kernels), kStages: ring depth
+// (kStages - 1 tiles in flight), kMinBlocks: CTAs per SM the registers must allow.
+// grid: batch * groups; CTA (b, grp) reads bytes [grp * row, grp * row + row) of every token of
+// sequence b (token t at page bt[b][t / ps], slot t % ps; token stride `stride` bytes).
+template <int kTileBytes, int kStages, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+    stream(const char* k, const char* v, const int* bt, int max_pages, int ps, int ctx, int row,
+           int stride, int groups, float* out) {
+  extern __shared__ __align__(128) unsigned char sm[];
+  const int b = blockIdx.x / groups, grp = blockIdx.x % groups;
+  const int rows_per_tile = kTileBytes / row;
+  const int chunks = row / 16;
+  const int ntiles = ctx / rows_per_tile;
+  const int* bts = bt + static_cast<int64_t>(b) * max_pages;
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(sm));
+  auto issue = [&](int n) {
+    const uint32_t st = base + (n % kStages) * 2 * kTileBytes;
+    for (int i = threadIdx.x; i < rows_per_tile * chunks; i += kThreads) {
+      const int r = i / chunks, c = i % chunks;
+      const int t = n * rows_per_tile + r;
+      const int64_t off = (static_cast<int64_t>(__ldg(bts + t / ps)) * ps + t % ps) * stride +
+                          static_cast<int64_t>(grp) * row + 16 * c;
+      cp16(st + 16 * i, k + off);
+      cp16(st + kTileBytes + 16 * i, v + off);
+    }
+  };
+  float acc = 0.f;
+  for (int n = 0; n < kStages - 1 && n < ntiles; ++n) {
+    issue(n);
+    asm volatile("cp.async.commit_group;\n" ::);
+  }
+  for (int n = 0; n < ntiles; ++n) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2));
+    __syncthreads();
+    if (n + kStages - 1 < ntiles) issue(n + kStages - 1);
+    asm volatile("cp.async.commit_group;\n" ::);
+    acc += reinterpret_cast<const float*>(sm + (n % kStages) * 2 * kTileBytes)[threadIdx.x];
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::);
+  if (acc == 12345.f) out[blockIdx.x] = acc;  // never: keeps the reads
+}
+
+int main() {
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s\n", prop.name);
+  const int B = 64, ctx = 8192, ps = 16, Hkv = 8;
+  const int max_pages = ctx / ps, num_pages = B * max_pages;
+  std::mt19937 rng(1);
+  std::vector<int> perm(num_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::vector<int> shuffled = perm;
+  std::shuffle(shuffled.begin(), shuffled.end(), rng);
+  int *bt_seq, *bt_rand;
+  CK(cudaMalloc(&bt_seq, num_pages * 4));
+  CK(cudaMalloc(&bt_rand, num_pages * 4));
+  CK(cudaMemcpy(bt_seq, perm.data(), num_pages * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(bt_rand, shuffled.data(), num_pages * 4, cudaMemcpyHostToDevice));
+  const size_t max_bytes = static_cast<size_t>(num_pages) * ps * Hkv * 128 * 2;  // bf16 D=128
+  char *k, *v;
+  float* out;
+  CK(cudaMalloc(&k, max_bytes));
+  CK(cudaMalloc(&v, max_bytes));
+  CK(cudaMalloc(&out, 4096 * 4));
+  CK(cudaMemset(k, 0, max_bytes));
+  CK(cudaMemset(v, 0, max_bytes));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  // one row: the layout, rows per CTA, ring (tile bytes, stages, CTAs per SM), page order
+  auto run = [&](auto kernel, int tile, int stages, int per_sm, const char* name, int token_bytes,
+                 int row, int order) {
+    const int smem = stages * 2 * tile;
+    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    const int groups = token_bytes / row;
+    const int* bt = order ? bt_seq : bt_rand;
+    const double bytes = 2.0 * B * ctx * token_bytes;
+    std::vector<float> ms;
+    for (int it = 0; it < 30; ++it) {
+      CK(cudaEventRecord(e0));
+      kernel<<<B * groups, kThreads, smem>>>(k, v, bt, max_pages, ps, ctx, row, token_bytes,
+                                             groups, out);
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      float t;
+      CK(cudaEventElapsedTime(&t, e0, e1));
+      if (it >= 5) ms.push_back(t);
+    }
+    CK(cudaGetLastError());
+    std::sort(ms.begin(), ms.end());
+    const double med = ms[ms.size() / 2];
+    std::printf("%-40s %-8s %4d CTAs  tile %2d KB x %d stages, %d/SM  %8.1f us  %6.0f GB/s\n",
+                name, order ? "in-order" : "shuffled", B * groups, tile / 1024, stages, per_sm,
+                1e3 * med, bytes / med / 1e6);
+  };
+  for (int order = 0; order < 2; ++order) {
+    // the decode kernels' ring: 16 KB tiles, 3 stages, 2 CTAs per SM
+    run(stream<16384, 3, 2>, 16384, 3, 2, "bf16 D128 (256 B rows, 2 KB stride)", 2048, 256, order);
+    run(stream<16384, 3, 2>, 16384, 3, 2, "e4m3 D128 (128 B rows, 1 KB stride)", 1024, 128, order);
+    run(stream<16384, 3, 2>, 16384, 3, 2, "e4m3 D128 x2 heads (256 B rows)", 1024, 256, order);
+    run(stream<16384, 3, 2>, 16384, 3, 2, "bf16 D64 (128 B rows, 1 KB stride)", 1024, 128, order);
+  }
+  // other rings for the bf16 D128 layout, shuffled pages
+  run(stream<8192, 6, 2>, 8192, 6, 2, "bf16 D128", 2048, 256, 0);
+  run(stream<8192, 4, 3>, 8192, 4, 3, "bf16 D128", 2048, 256, 0);
+  run(stream<16384, 6, 1>, 16384, 6, 1, "bf16 D128", 2048, 256, 0);
+  run(stream<16384, 4, 1>, 16384, 4, 1, "bf16 D128", 2048, 256, 0);
+  run(stream<8192, 3, 4>, 8192, 3, 4, "bf16 D128", 2048, 256, 0);
+  run(stream<4096, 6, 4>, 4096, 6, 4, "bf16 D128", 2048, 256, 0);
+  run(stream<16384, 3, 2>, 16384, 3, 2, "bf16 D128", 2048, 256, 0);
+  return 0;
+}
