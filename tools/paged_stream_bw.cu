@@ -3,7 +3,8 @@
 // memory with 16-byte cp.async, as the decode kernels do, and only sums one word per tile.
 // It separates what the layout allows from what a kernel makes of it: rows of `row` bytes per
 // CTA (the heads a CTA reads side by side: 128 = one e4m3 head of D=128, 256 = one bf16 head or
-// two e4m3 heads), at a stride of Hkv * D * elem bytes per token, pages shuffled or in order.
+// two e4m3 heads), at a stride of Hkv * D * elem bytes per token, pages shuffled or in order;
+// with 16-byte cp.async in rings of several shapes, and with one bulk copy (TMA) per row.
 //
 //   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -o /tmp/sb tools/paged_stream_bw.cu
 //   /tmp/sb
@@ -71,6 +72,66 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   }
   asm volatile("cp.async.wait_group 0;\n" ::);
   if (acc == 12345.f) out[blockIdx.x] = acc;  // never: keeps the reads
+}
+
+// The same stream with bulk copies (TMA engine, sm_90): one cp.async.bulk per K or V row, each
+// thread arriving on the stage's mbarrier with the bytes of its own copies.
+template <int kTileBytes, int kStages, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+    stream_bulk(const char* k, const char* v, const int* bt, int max_pages, int ps, int ctx,
+                int row, int stride, int groups, float* out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) unsigned char sm[];
+  __shared__ __align__(8) uint64_t bar[kStages];
+  const int b = blockIdx.x / groups, grp = blockIdx.x % groups;
+  const int rows_per_tile = kTileBytes / row;
+  const int ntiles = ctx / rows_per_tile;
+  const int* bts = bt + static_cast<int64_t>(b) * max_pages;
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(sm));
+  if (threadIdx.x < kStages) {
+    const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(&bar[threadIdx.x]));
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(a), "r"(kThreads));
+  }
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  __syncthreads();
+  auto issue = [&](int n) {
+    const int st = n % kStages;
+    const uint32_t mb = static_cast<uint32_t>(__cvta_generic_to_shared(&bar[st]));
+    const uint32_t dst = base + st * 2 * kTileBytes;
+    int mine = 0;
+    for (int r = threadIdx.x; r < rows_per_tile; r += kThreads) mine += 2 * row;
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(mb), "r"(mine)
+                 : "memory");
+    for (int r = threadIdx.x; r < rows_per_tile; r += kThreads) {
+      const int t = n * rows_per_tile + r;
+      const int64_t off = (static_cast<int64_t>(__ldg(bts + t / ps)) * ps + t % ps) * stride +
+                          static_cast<int64_t>(grp) * row;
+      asm volatile(
+          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+          ::"r"(dst + r * row), "l"(k + off), "r"(row), "r"(mb) : "memory");
+      asm volatile(
+          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+          ::"r"(dst + kTileBytes + r * row), "l"(v + off), "r"(row), "r"(mb) : "memory");
+    }
+  };
+  float acc = 0.f;
+  for (int n = 0; n < kStages - 1 && n < ntiles; ++n) issue(n);
+  for (int n = 0; n < ntiles; ++n) {
+    const uint32_t mb = static_cast<uint32_t>(__cvta_generic_to_shared(&bar[n % kStages]));
+    const uint32_t parity = (n / kStages) & 1;
+    uint32_t done = 0;
+    while (!done) {
+      asm volatile(
+          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+          " selp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done) : "r"(mb), "r"(parity) : "memory");
+    }
+    __syncthreads();  // every thread is done with tile n - 1: its stage may be refilled
+    if (n + kStages - 1 < ntiles) issue(n + kStages - 1);
+    acc += reinterpret_cast<const float*>(sm + (n % kStages) * 2 * kTileBytes)[threadIdx.x];
+  }
+  if (acc == 12345.f) out[blockIdx.x] = acc;  // never: keeps the reads
+#endif
 }
 
 int main() {
@@ -141,5 +202,12 @@ int main() {
   run(stream<8192, 3, 4>, 8192, 3, 4, "bf16 D128", 2048, 256, 0);
   run(stream<4096, 6, 4>, 4096, 6, 4, "bf16 D128", 2048, 256, 0);
   run(stream<16384, 3, 2>, 16384, 3, 2, "bf16 D128", 2048, 256, 0);
+  // bulk copies (one per row)
+  for (int order = 0; order < 2; ++order) {
+    run(stream_bulk<16384, 3, 2>, 16384, 3, 2, "bulk: bf16 D128", 2048, 256, order);
+    run(stream_bulk<16384, 3, 2>, 16384, 3, 2, "bulk: e4m3 D128", 1024, 128, order);
+  }
+  run(stream_bulk<16384, 6, 1>, 16384, 6, 1, "bulk: bf16 D128", 2048, 256, 0);
+  run(stream_bulk<8192, 6, 2>, 8192, 6, 2, "bulk: bf16 D128", 2048, 256, 0);
   return 0;
 }
