@@ -419,11 +419,12 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
     }
     pf = ref0[kS];
   }
-  // 8-bit caches with bfloat16 q: Q K^T runs in float16 on Q * 2^-q_sh, with 2^(15 - q_sh) the
+  // 8-bit caches with bfloat16 q: Q K^T runs in float16 on Q * 2^-q_sh, with 2^(q_sh + 15) the
   // power of two above the CTA's largest |q| (none overflows, and every q within 2^29 of the
   // largest is a normal float16: exact, as bfloat16 has 8 significant bits); 2^q_sh goes into
   // the score scale. Smaller q lose bits as float16 subnormals (an absolute error < 2^-40 of
-  // the largest |q|: below float32 accumulation). Inf / NaN q pass through.
+  // the largest |q|: below float32 accumulation); q_sh >= -100 (a CTA whose |q| are all below
+  // 2^-85 keeps fewer bits). Inf / NaN q pass through.
   int q_sh = 0;
   float q_scale = 1.f;
   if constexpr (kQ8 && std::is_same_v<T, __nv_bfloat16>) {
@@ -442,7 +443,7 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
     if (mx > 0.f && mx <= 3.4e38f) {
       int ex;
       frexpf(mx, &ex);  // mx < 2^ex
-      q_sh = min(max(ex - 15, -100), 100);
+      q_sh = min(max(ex - 15, -100), 113);  // 2^-113: bfloat16 max -> < 2^15
       q_scale = ldexpf(1.f, -q_sh);
     }
   }
