@@ -191,14 +191,9 @@ __device__ __forceinline__ void cvt4_v(uint32_t wa, uint32_t wb, uint32_t (&f)[4
   cvt4<TC>(__byte_perm(wa, wb, 0x7362), f[2], f[3]);
 }
 
-// Largest |x| of the two bfloat16 values of a word (0 for float16: its q is used as it is).
-template <typename T>
-__device__ __forceinline__ float absmax2(uint32_t w) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return fmaxf(fabsf(__uint_as_float(w << 16)), fabsf(__uint_as_float(w & 0xffff0000u)));
-  } else {
-    return 0.f;
-  }
+// Largest |x| of the two bfloat16 values of a word.
+__device__ __forceinline__ float bf16_absmax2(uint32_t w) {
+  return fmaxf(fabsf(__uint_as_float(w << 16)), fabsf(__uint_as_float(w & 0xffff0000u)));
 }
 
 // A word of two bfloat16 q values -> two float16 values times 2^-sh (exact where the product is
@@ -431,8 +426,8 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
     float mx = 0.f;
 #pragma unroll
     for (int k = 0; k < C::kQIt; ++k) {
-      mx = fmaxf(mx, fmaxf(fmaxf(q8::absmax2<T>(qv[k].x), q8::absmax2<T>(qv[k].y)),
-                           fmaxf(q8::absmax2<T>(qv[k].z), q8::absmax2<T>(qv[k].w))));
+      mx = fmaxf(mx, fmaxf(fmaxf(q8::bf16_absmax2(qv[k].x), q8::bf16_absmax2(qv[k].y)),
+                           fmaxf(q8::bf16_absmax2(qv[k].z), q8::bf16_absmax2(qv[k].w))));
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, o));
@@ -695,11 +690,12 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
     }
 
     if (per_token) {  // after the sums: P's columns times the V scale of their key / v_ref
+      float2 vs[kSN];
       float vmax = 0.f;
 #pragma unroll
       for (int nt = 0; nt < kSN; ++nt) {
-        const float2 vs = *reinterpret_cast<const float2*>(scl + kTK + nt * 8);
-        vmax = fmaxf(vmax, fmaxf(fabsf(vs.x), fabsf(vs.y)));
+        vs[nt] = *reinterpret_cast<const float2*>(scl + kTK + nt * 8);
+        vmax = fmaxf(vmax, fmaxf(fabsf(vs[nt].x), fabsf(vs[nt].y)));
       }
       // the warp's keys: lanes of one t share them, so the max over t is warp-uniform
       vmax = fmaxf(vmax, __shfl_xor_sync(kFull, vmax, 1));
@@ -716,8 +712,7 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
       const float inv = v_ref > 0.f ? 1.f / v_ref : 0.f;  // v_ref 0: every scale so far is 0
 #pragma unroll
       for (int nt = 0; nt < kSN; ++nt) {
-        const float2 vs = *reinterpret_cast<const float2*>(scl + kTK + nt * 8);
-        const float ax = vs.x * inv, ay = vs.y * inv;
+        const float ax = vs[nt].x * inv, ay = vs[nt].y * inv;
         s[nt][0] *= ax;
         s[nt][1] *= ay;
         s[nt][2] *= ax;
@@ -739,6 +734,14 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
         // byte_perm pairs the two keys of each column: word w of a load feeds tiles 4w..4w+3.
         const unsigned char* v8 =
             ring + (n % kS) * C::kStageBytes + C::kTileBytes + v8_row + sl * 16 * kRB;
+        // word w of each load (keys 2t, 2t+1 in wa, wb; 2t+8, 2t+9 in wc, wd) -> O tiles dt0..dt0+3
+        auto pv_word = [&](uint32_t wa, uint32_t wb, uint32_t wc, uint32_t wd, int dt0) {
+          uint32_t f0[4], f1[4];
+          q8::cvt4_v<TC>(wa, wb, f0);
+          q8::cvt4_v<TC>(wc, wd, f1);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) mma_detail::mma_16816<TM>(o[dt0 + e], pa, f0[e], f1[e]);
+        };
         if constexpr (D == 64) {
           const int c0 = g >> 1;
           const int o0 = ((c0 ^ v8_swz0) << 4) + ((g & 1) << 3);
@@ -750,13 +753,7 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
           const uint32_t wa[2] = {a.x, a.y}, wb[2] = {b.x, b.y};
           const uint32_t wc[2] = {c2.x, c2.y}, wd[2] = {d2.x, d2.y};
 #pragma unroll
-          for (int w = 0; w < 2; ++w) {
-            uint32_t f0[4], f1[4];
-            q8::cvt4_v<TC>(wa[w], wb[w], f0);
-            q8::cvt4_v<TC>(wc[w], wd[w], f1);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) mma_detail::mma_16816<TM>(o[4 * w + e], pa, f0[e], f1[e]);
-          }
+          for (int w = 0; w < 2; ++w) pv_word(wa[w], wb[w], wc[w], wd[w], 4 * w);
         } else {
 #pragma unroll
           for (int h = 0; h < D / 128; ++h) {
@@ -769,14 +766,7 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
             const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
             const uint32_t wc[4] = {c2.x, c2.y, c2.z, c2.w}, wd[4] = {d2.x, d2.y, d2.z, d2.w};
 #pragma unroll
-            for (int w = 0; w < 4; ++w) {
-              uint32_t f0[4], f1[4];
-              q8::cvt4_v<TC>(wa[w], wb[w], f0);
-              q8::cvt4_v<TC>(wc[w], wd[w], f1);
-#pragma unroll
-              for (int e = 0; e < 4; ++e)
-                mma_detail::mma_16816<TM>(o[16 * h + 4 * w + e], pa, f0[e], f1[e]);
-            }
+            for (int w = 0; w < 4; ++w) pv_word(wa[w], wb[w], wc[w], wd[w], 16 * h + 4 * w);
           }
         }
       } else {
