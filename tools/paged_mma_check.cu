@@ -11,8 +11,8 @@
 // Exit status 0 when every case passes. Flags: --no-timing (correctness only), --q8 (only the
 // 8-bit cache cases and timing rows, with bf16 reference rows), --profile (one launch of the
 // tensor-core kernel per row at 64 x 8k, for ncu), --bw (only the tensor-core kernel's time at
-// the decode benchmark's main shapes), --seq (timing rows with each sequence's pages in order
-// instead of shuffled).
+// the decode benchmark's main shapes), --d64 (the same for head dim 64, with 1-4 splits at
+// 64 x 8k), --seq (timing rows with each sequence's pages in order instead of shuffled).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -426,6 +426,7 @@ __global__ void fill_random(T* x, size_t n, uint32_t seed) {
 static double g_ref_mma_ms = 0;  // last 16-bit row's tensor-core time (tokens/s ratio)
 static int g_warm = 5, g_iters = 50;  // --profile: 1 and 1, tensor-core kernel only
 static bool g_mma_only = false;
+static int g_splits = 0;  // > 0: the tensor-core kernel's split count in timing rows (else the heuristic's)
 static bool g_seq_pages = false;  // --seq: each sequence's pages in order (default: shuffled)
 
 template <typename T, typename TC = T>
@@ -446,8 +447,10 @@ static void time_case(int B, int ctx, int Hq, int Hkv, int Sq, int D, int ps, in
   int splits[2];
   for (int k = 0; k < 2; ++k) {
     paged::paged_mma_mode() = k;  // 0: CUDA-core kernel's heuristic, 1: tensor-core kernel's
-    splits[k] = paged_num_splits_heuristic(B, Hkv, G, Sq, int64_t(max_pages) * ps, num_sms, D, true);
+    splits[k] = paged_num_splits_heuristic(B, Hkv, G, Sq, int64_t(max_pages) * ps, num_sms, D,
+                                           true, static_cast<int>(sizeof(TC)));
   }
+  if (g_splits > 0) splits[1] = g_splits;
   paged::paged_mma_mode() = -1;
   const int max_s = std::max(splits[0], splits[1]);
   Dev d;
@@ -542,12 +545,36 @@ int main(int argc, char** argv) {
   bool no_timing = false, q8_only = false;  // --no-timing; --q8: only the 8-bit cases and rows
   bool profile = false;  // --profile: one launch of the tensor-core kernel per timing row
   bool bw = false;       // --bw: the tensor-core kernel's time at the benchmark's main shapes
+  bool d64 = false;      // --d64: the same for head dim 64, with 1-4 splits at 64 x 8k
   for (int i = 1; i < argc; ++i) {
     no_timing |= std::string(argv[i]) == "--no-timing";
     q8_only |= std::string(argv[i]) == "--q8";
     profile |= std::string(argv[i]) == "--profile";
     bw |= std::string(argv[i]) == "--bw";
     g_seq_pages |= std::string(argv[i]) == "--seq";
+    d64 |= std::string(argv[i]) == "--d64";
+  }
+  if (d64) {  // bf16 32/8 D64 page 16: the heuristic's splits, then 1-4 splits at 64 x 8k
+    g_mma_only = true;
+    g_iters = 100;
+    for (int s : {0, 1, 2, 3, 4}) {
+      g_splits = s;
+      time_case<__nv_bfloat16>(64, 8192, 32, 8, 1, 64, 16, num_sms);
+    }
+    g_splits = 0;
+    time_case<__nv_bfloat16>(128, 2048, 32, 8, 1, 64, 16, num_sms);
+    time_case<__nv_bfloat16>(256, 1024, 32, 8, 1, 64, 16, num_sms);
+    time_case<__nv_bfloat16>(8, 8192, 32, 8, 1, 64, 16, num_sms);
+    time_case<__nv_bfloat16>(1, 32768, 32, 8, 1, 64, 16, num_sms);
+    time_case<__nv_bfloat16>(64, 8192, 32, 8, 1, 128, 16, num_sms);
+    for (int B : {64, 256}) {
+      const int ctx = B == 64 ? 8192 : 1024;
+      time_case<__nv_bfloat16>(B, ctx, 32, 8, 1, 64, 16, num_sms);
+      time_case<__nv_bfloat16, __nv_fp8_e4m3>(B, ctx, 32, 8, 1, 64, 16, num_sms,
+                                              ScaleMode::kPerHead);
+      time_case<__nv_bfloat16, int8_t>(B, ctx, 32, 8, 1, 64, 16, num_sms, ScaleMode::kPerToken);
+    }
+    return 0;
   }
   if (bw) {  // bf16 32/8 D128 page 16 at 64 x 8k, 128 x 2k, 256 x 1k; e4m3 at 64 x 8k
     g_mma_only = true;

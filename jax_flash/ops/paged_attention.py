@@ -94,6 +94,7 @@ def default_num_splits(
     capacity: int,
     head_dim: int = 128,
     mma_ok: bool = False,
+    cache_itemsize: int = 2,
 ) -> int:
     """Split count for a CUDA decode call (the CPU kernel splits on its own); mirrors
     paged_num_splits_heuristic in cuda/include/jax_flash/paged_attention.cuh.
@@ -101,16 +102,20 @@ def default_num_splits(
     The CUDA-core kernel runs one CTA per (sequence, kv head, split, chunk of <= 16 query rows of
     the group); two 4-8-row CTAs (or one 16-row CTA) fit an SM. The tensor-core kernel (f16 / bf16
     q with a cache of q's dtype or an int8 / e4m3 cache, `mma_ok`, taken from 4 query rows per kv
-    head or as JAX_FLASH_PAGED_MMA says) runs 16-row CTAs, 3 / 2 / 1 per SM for head dims
-    64 / 128 / 256. Aim for about one wave: no split if the CTAs already fill 80% of the slots,
-    else the largest power of two that fills them, with at least 128 keys per split. Measured
+    head or as JAX_FLASH_PAGED_MMA says) runs 16-row CTAs, 2 / 2 / 1 per SM for head dims
+    64 / 128 / 256 (8-bit caches, `cache_itemsize` 1: 3 / 2 / 1). Aim for about one wave: no
+    split if the CTAs already fill 80% of the slots, else the largest power of two that fills
+    them, with at least 128 keys per split. Measured
     best on an H100 for bf16 GQA-4 (B=1 -> 32, 2 -> 16, 4 -> 8, 8 -> 4, 16 -> 2, >= 32 -> 1)."""
     rows = group * seqlen_q
     mode = _paged_mma_mode()
     mma = mma_ok and (mode == 1 or (mode < 0 and rows >= _PAGED_MMA_MIN_ROWS))
     if mma:
         mt = 16
-        per_sm = 3 if head_dim <= 64 else 2 if head_dim <= 128 else 1
+        if head_dim <= 64:
+            per_sm = 3 if cache_itemsize == 1 else 2
+        else:
+            per_sm = 2 if head_dim <= 128 else 1
     else:
         mt = 4 if rows <= 4 else 8 if rows <= 8 else 16
         per_sm = 2 if mt <= 8 else 1
@@ -221,8 +226,9 @@ def paged_attention(
             and 0 < k_pages.shape[0] * page_size * Hkv < 2**32
         )
         num_splits = default_num_splits(
-            B, Hkv, Hq // Hkv, Sq, max_pages * page_size, head_dim=D, mma_ok=mma_ok
-        )
+            B, Hkv, Hq // Hkv, Sq, max_pages * page_size, head_dim=D, mma_ok=mma_ok,
+            cache_itemsize=jnp.dtype(k_pages.dtype).itemsize,
+        )  # fmt: skip
     elif int(num_splits) < 1:
         raise ValueError(f"{_OP}: num_splits must be >= 1, got {num_splits}")
     num_splits = int(min(int(num_splits), max(1, max_pages)))

@@ -953,10 +953,11 @@ inline bool paged_mma_supported(const PagedAttentionParams& p) {
          static_cast<int64_t>(p.num_pages) * p.page_size * p.num_heads_k < (int64_t(1) << 32);
 }
 
-// CTAs of the tensor-core kernel per SM (its shared memory is sized for this; checked by
-// static_assert in paged_attention_mma.cuh).
-constexpr int paged_mma_ctas_per_sm(int head_dim) {
-  return head_dim <= 64 ? 3 : (head_dim <= 128 ? 2 : 1);
+// CTAs of the tensor-core kernel per SM for a cache of elem_bytes per element (its shared memory
+// is sized for this; checked by static_assert in paged_attention_mma.cuh): 16-bit caches 2, 2, 1
+// for head dims 64, 128, 256; 8-bit caches 3, 2, 1.
+constexpr int paged_mma_ctas_per_sm(int head_dim, int elem_bytes = 2) {
+  return head_dim <= 64 ? (elem_bytes == 1 ? 3 : 2) : (head_dim <= 128 ? 2 : 1);
 }
 
 // Defined in paged_attention_mma.cuh, instantiated in cuda/src/paged_attention_mma_*.cu. T: q's
@@ -1110,16 +1111,19 @@ cudaError_t dispatch_cache(const PagedAttentionParams& p, cudaStream_t stream) {
 // at B = 1 (6% at 1 x 32k, 14% at 1 x 8k) and is lost in the noise from B = 8.
 // The tensor-core kernel (taken when paged::paged_use_mma(mma_ok, rows); mma_ok: the call's
 // dtypes and head_dim suit it, paged::paged_mma_supported) runs 16 query rows per CTA of 128
-// threads, paged::paged_mma_ctas_per_sm(head_dim) CTAs per SM (3, 2, 1 for D 64, 128, 256).
+// threads, paged::paged_mma_ctas_per_sm(head_dim, cache_bytes) CTAs per SM (16-bit caches 2,
+// 2, 1 for D 64, 128, 256; 8-bit caches 3, 2, 1).
 // jax_flash/ops/paged_attention.py (default_num_splits) computes the same.
 inline int paged_num_splits_heuristic(int64_t batch, int64_t num_heads_k, int64_t group,
                                       int64_t seqlen_q, int64_t max_ctx, int num_sms,
-                                      int head_dim = 128, bool mma_ok = false) {
+                                      int head_dim = 128, bool mma_ok = false,
+                                      int cache_bytes = 2) {
   const int64_t rows = group * seqlen_q;
   const bool mma = paged::paged_use_mma(mma_ok, rows);
   const int64_t mt = mma ? paged::kPagedMmaRows : paged::paged_rows_per_cta(rows);
   const int64_t ctas = batch * num_heads_k * ((rows + mt - 1) / mt);
-  const int64_t per_sm = mma ? paged::paged_mma_ctas_per_sm(head_dim) : (mt <= 8 ? 2 : 1);
+  const int64_t per_sm =
+      mma ? paged::paged_mma_ctas_per_sm(head_dim, cache_bytes) : (mt <= 8 ? 2 : 1);
   const int64_t slots = static_cast<int64_t>(num_sms) * per_sm;
   if (ctas <= 0 || ctas * 5 >= slots * 4) return 1;
   int64_t s = slots / ctas;
