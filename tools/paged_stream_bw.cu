@@ -4,10 +4,13 @@
 // It separates what the layout allows from what a kernel makes of it: rows of `row` bytes per
 // CTA (the heads a CTA reads side by side: 128 = one e4m3 head of D=128, 256 = one bf16 head or
 // two e4m3 heads), at a stride of Hkv * D * elem bytes per token, pages shuffled or in order;
-// with 16-byte cp.async in rings of several shapes, and with one bulk copy (TMA) per row.
+// with 16-byte cp.async in rings of several shapes, with one bulk copy (TMA) per row, with CTAs
+// that read several heads' rows side by side (whole pages, the context split to keep 512 CTAs),
+// with the heads of a sequence in CTA clusters (optionally in lockstep), and with 16-byte loads
+// straight into registers.
 //
 //   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -o /tmp/sb tools/paged_stream_bw.cu
-//   /tmp/sb
+//   /tmp/sb [B ctx] [--main]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -248,18 +251,12 @@ int main(int argc, char** argv) {
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
   // one row: the layout, rows per CTA, ring (tile bytes, stages, CTAs per SM), page order
-  auto run = [&](auto kernel, int tile, int stages, int per_sm, const char* name, int token_bytes,
-                 int row, int order, int splits = 1, int threads = kThreads) {
-    const int smem = stages * 2 * tile;
-    if (smem) CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    const int groups = token_bytes / row;
-    const int* bt = order ? bt_seq : bt_rand;
-    const double bytes = 2.0 * B * ctx * token_bytes;
+  // median ms of 25 timed launches (after 5 warm-up ones)
+  auto median_ms = [&](auto launch) {
     std::vector<float> ms;
     for (int it = 0; it < 30; ++it) {
       CK(cudaEventRecord(e0));
-      kernel<<<B * groups * splits, threads, smem>>>(k, v, bt, max_pages, ps, ctx, row,
-                                                     token_bytes, groups, out, splits);
+      launch();
       CK(cudaEventRecord(e1));
       CK(cudaEventSynchronize(e1));
       float t;
@@ -268,7 +265,19 @@ int main(int argc, char** argv) {
     }
     CK(cudaGetLastError());
     std::sort(ms.begin(), ms.end());
-    const double med = ms[ms.size() / 2];
+    return static_cast<double>(ms[ms.size() / 2]);
+  };
+  auto run = [&](auto kernel, int tile, int stages, int per_sm, const char* name, int token_bytes,
+                 int row, int order, int splits = 1, int threads = kThreads) {
+    const int smem = stages * 2 * tile;
+    if (smem) CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    const int groups = token_bytes / row;
+    const int* bt = order ? bt_seq : bt_rand;
+    const double bytes = 2.0 * B * ctx * token_bytes;
+    const double med = median_ms([&] {
+      kernel<<<B * groups * splits, threads, smem>>>(k, v, bt, max_pages, ps, ctx, row,
+                                                     token_bytes, groups, out, splits);
+    });
     std::printf("%-40s %-8s %4d CTAs  tile %2d KB x %d stages, %d/SM  %8.1f us  %6.0f GB/s\n",
                 name, order ? "in-order" : "shuffled", B * groups * splits, tile / 1024, stages,
                 per_sm, 1e3 * med, bytes / med / 1e6);
@@ -291,20 +300,10 @@ int main(int argc, char** argv) {
     attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    std::vector<float> ms;
-    for (int it = 0; it < 30; ++it) {
-      CK(cudaEventRecord(e0));
+    const double med = median_ms([&] {
       CK(cudaLaunchKernelEx(&cfg, kernel, (const char*)k, (const char*)v, bt, max_pages, ps, ctx,
                             row, token_bytes, groups, out, 1));
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      float t;
-      CK(cudaEventElapsedTime(&t, e0, e1));
-      if (it >= 5) ms.push_back(t);
-    }
-    CK(cudaGetLastError());
-    std::sort(ms.begin(), ms.end());
-    const double med = ms[ms.size() / 2];
+    });
     std::printf("%-40s %-8s %4d CTAs  clusters of %d             %8.1f us  %6.0f GB/s\n", name,
                 order ? "in-order" : "shuffled", B * groups, cl, 1e3 * med, bytes / med / 1e6);
   };
