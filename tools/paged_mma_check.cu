@@ -12,7 +12,8 @@
 // 8-bit cache cases and timing rows, with bf16 reference rows), --profile (one launch of the
 // tensor-core kernel per row at 64 x 8k, for ncu), --bw (only the tensor-core kernel's time at
 // the decode benchmark's main shapes), --d64 (the same for head dim 64, with 1-4 splits at
-// 64 x 8k), --seq (timing rows with each sequence's pages in order instead of shuffled).
+// 64 x 8k), --merge (split-KV shapes with and without the merge: its cost), --seq (timing rows with each
+// sequence's pages in order instead of shuffled).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -546,6 +547,7 @@ int main(int argc, char** argv) {
   bool profile = false;  // --profile: one launch of the tensor-core kernel per timing row
   bool bw = false;       // --bw: the tensor-core kernel's time at the benchmark's main shapes
   bool d64 = false;      // --d64: the same for head dim 64, with 1-4 splits at 64 x 8k
+  bool merge = false;    // --merge: split-KV shapes with and without the merge
   for (int i = 1; i < argc; ++i) {
     no_timing |= std::string(argv[i]) == "--no-timing";
     q8_only |= std::string(argv[i]) == "--q8";
@@ -553,6 +555,32 @@ int main(int argc, char** argv) {
     bw |= std::string(argv[i]) == "--bw";
     g_seq_pages |= std::string(argv[i]) == "--seq";
     d64 |= std::string(argv[i]) == "--d64";
+    merge |= std::string(argv[i]) == "--merge";
+  }
+  if (merge) {  // split-KV shapes (the heuristic's splits), bf16 32/8 D128 page 16
+    // each shape three times: merged (programmatic dependent launch), merged by an ordinary
+    // launch, the attention grid alone (merge skipped: the cost of the merge is the difference)
+    g_mma_only = true;
+    g_iters = 100;
+    auto rows = [&]() {
+      time_case<__nv_bfloat16>(1, 8192, 32, 8, 1, 128, 16, num_sms);
+      time_case<__nv_bfloat16>(1, 32768, 32, 8, 1, 128, 16, num_sms);
+      time_case<__nv_bfloat16>(1, 131072, 32, 8, 1, 128, 16, num_sms);
+      time_case<__nv_bfloat16>(8, 8192, 32, 8, 1, 128, 16, num_sms);
+      time_case<__nv_bfloat16>(1, 32768, 28, 4, 1, 128, 16, num_sms);
+      time_case<__nv_bfloat16>(1, 32768, 32, 8, 1, 64, 16, num_sms);
+    };
+    std::printf("-- merged (programmatic dependent launch)\n");
+    rows();
+    std::printf("-- merged (ordinary launch)\n");
+    paged::merge_pdl_enabled() = false;
+    rows();
+    std::printf("-- attention grid alone (no merge)\n");
+    paged::merge_pdl_enabled() = true;
+    paged::merge_enabled() = false;
+    rows();
+    paged::merge_enabled() = true;
+    return 0;
   }
   if (d64) {  // bf16 32/8 D64 page 16: the heuristic's splits, then 1-4 splits at 64 x 8k
     g_mma_only = true;

@@ -773,7 +773,8 @@ template <typename TQ, int D>
 __global__ void __launch_bounds__(128) paged_merge_kernel(const PagedAttentionParams p) {
   constexpr int kQ = D / 4;            // float4 columns per row
   constexpr int kGroups = 128 / kQ;    // split groups: 8, 4 or 2
-  constexpr int kBatch = 8;            // loads in flight per thread
+  // loads in flight per thread: 64 splits in one round for D 64 and 128 (D 256: 32)
+  constexpr int kBatch = kGroups >= 8 ? 8 : 16;
   extern __shared__ float w_s[];       // [num_splits] lse_s, then weights
   __shared__ float4 red_s[kGroups][kQ];
   __shared__ float lse_s;
@@ -897,6 +898,13 @@ inline bool& merge_pdl_enabled() {
   return enabled;
 }
 
+// Whether launch_paged_merge launches the merge at all (default on; off only in the standalone
+// tool, to time the attention grid alone: the output is then left unmerged).
+inline bool& merge_enabled() {
+  static bool enabled = true;
+  return enabled;
+}
+
 // Query rows per CTA for a group of `rows` = G * Sq rows.
 inline int paged_rows_per_cta(int64_t rows) { return rows <= 4 ? 4 : (rows <= 8 ? 8 : 16); }
 
@@ -986,7 +994,7 @@ cudaError_t launch_paged_attention_mt(const PagedAttentionParams& p, cudaStream_
 // The split-KV merge after an attention grid (nothing for num_splits <= 1).
 template <typename TQ, int D>
 cudaError_t launch_paged_merge(const PagedAttentionParams& p, cudaStream_t stream) {
-  if (p.num_splits <= 1) return cudaSuccess;
+  if (p.num_splits <= 1 || !merge_enabled()) return cudaSuccess;
   const int64_t out_rows = static_cast<int64_t>(p.batch) * p.seqlen_q * p.num_heads;
   if (out_rows > 0x7fffffff || p.num_splits > kMaxMergeSplits)
     return cudaErrorInvalidConfiguration;
