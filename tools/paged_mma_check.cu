@@ -580,6 +580,15 @@ int main(int argc, char** argv) {
     paged::merge_enabled() = false;
     rows();
     paged::merge_enabled() = true;
+    std::printf("-- split counts around the heuristic's (merged)\n");
+    for (int sp : {8, 16, 32, 64}) {
+      g_splits = sp;
+      time_case<__nv_bfloat16>(1, 8192, 32, 8, 1, 128, 16, num_sms);
+      time_case<__nv_bfloat16>(1, 32768, 32, 8, 1, 128, 16, num_sms);
+      time_case<__nv_bfloat16>(1, 32768, 28, 4, 1, 128, 16, num_sms);
+      time_case<__nv_bfloat16>(1, 32768, 32, 8, 1, 64, 16, num_sms);
+    }
+    g_splits = 0;
     return 0;
   }
   if (d64) {  // bf16 32/8 D64 page 16: the heuristic's splits, then 1-4 splits at 64 x 8k
