@@ -12,7 +12,8 @@
 // 8-bit cache cases and timing rows, with bf16 reference rows), --profile (one launch of the
 // tensor-core kernel per row at 64 x 8k, for ncu), --bw (only the tensor-core kernel's time at
 // the decode benchmark's main shapes), --d64 (the same for head dim 64, with 1-4 splits at
-// 64 x 8k), --merge (split-KV shapes with and without the merge: its cost), --seq (timing rows with each
+// 64 x 8k; with --profile: one launch each of bf16 and e4m3 D64 at 64 x 8k, for ncu), --merge
+// (split-KV shapes with and without the merge: its cost), --seq (timing rows with each
 // sequence's pages in order instead of shuffled).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -591,7 +592,7 @@ int main(int argc, char** argv) {
     g_splits = 0;
     return 0;
   }
-  if (d64) {  // bf16 32/8 D64 page 16: the heuristic's splits, then 1-4 splits at 64 x 8k
+  if (d64 && !profile) {  // bf16 32/8 D64 page 16: the heuristic's splits, then 1-4 splits at 64 x 8k
     g_mma_only = true;
     g_iters = 100;
     for (int s : {0, 1, 2, 3, 4}) {
@@ -604,6 +605,12 @@ int main(int argc, char** argv) {
     time_case<__nv_bfloat16>(8, 8192, 32, 8, 1, 64, 16, num_sms);
     time_case<__nv_bfloat16>(1, 32768, 32, 8, 1, 64, 16, num_sms);
     time_case<__nv_bfloat16>(64, 8192, 32, 8, 1, 128, 16, num_sms);
+    for (int s : {1, 2, 3, 4}) {  // 8-bit D64 at 64 x 8k: 512 CTAs make 1.29 waves at 3 per SM
+      g_splits = s;
+      time_case<__nv_bfloat16, __nv_fp8_e4m3>(64, 8192, 32, 8, 1, 64, 16, num_sms,
+                                              ScaleMode::kPerHead);
+    }
+    g_splits = 0;
     for (int B : {64, 256}) {
       const int ctx = B == 64 ? 8192 : 1024;
       time_case<__nv_bfloat16>(B, ctx, 32, 8, 1, 64, 16, num_sms);
@@ -627,16 +634,21 @@ int main(int argc, char** argv) {
                                             ScaleMode::kPerToken);
     return 0;
   }
-  if (profile) {  // for ncu: B=64 ctx=8k, bf16 / e4m3 per head / e4m3 per token / f16 e4m3
+  if (profile) {  // for ncu: B=64 ctx=8k, bf16 / e4m3 per head (D128, or D64 with --d64), and
+                  // at D128 e4m3 per token with bf16 and f16 q
     g_warm = 1;
     g_iters = 1;
     g_mma_only = true;
-    time_case<__nv_bfloat16>(64, 8192, 32, 8, 1, 128, 16, num_sms);
-    time_case<__nv_bfloat16, __nv_fp8_e4m3>(64, 8192, 32, 8, 1, 128, 16, num_sms,
+    const int D = d64 ? 64 : 128;
+    time_case<__nv_bfloat16>(64, 8192, 32, 8, 1, D, 16, num_sms);
+    time_case<__nv_bfloat16, __nv_fp8_e4m3>(64, 8192, 32, 8, 1, D, 16, num_sms,
                                             ScaleMode::kPerHead);
-    time_case<__nv_bfloat16, __nv_fp8_e4m3>(64, 8192, 32, 8, 1, 128, 16, num_sms,
-                                            ScaleMode::kPerToken);
-    time_case<__half, __nv_fp8_e4m3>(64, 8192, 32, 8, 1, 128, 16, num_sms, ScaleMode::kPerToken);
+    if (!d64) {
+      time_case<__nv_bfloat16, __nv_fp8_e4m3>(64, 8192, 32, 8, 1, 128, 16, num_sms,
+                                              ScaleMode::kPerToken);
+      time_case<__half, __nv_fp8_e4m3>(64, 8192, 32, 8, 1, 128, 16, num_sms,
+                                       ScaleMode::kPerToken);
+    }
     return 0;
   }
   ok &= check_cvt<int8_t>();
