@@ -582,12 +582,15 @@ int main(int argc, char** argv) {
     rows();
     paged::merge_enabled() = true;
     std::printf("-- split counts around the heuristic's (merged)\n");
-    for (int sp : {8, 16, 32, 64}) {
+    for (int sp : {8, 16, 32, 64, 128}) {
       g_splits = sp;
       time_case<__nv_bfloat16>(1, 8192, 32, 8, 1, 128, 16, num_sms);
       time_case<__nv_bfloat16>(1, 32768, 32, 8, 1, 128, 16, num_sms);
       time_case<__nv_bfloat16>(1, 32768, 28, 4, 1, 128, 16, num_sms);
       time_case<__nv_bfloat16>(1, 32768, 32, 8, 1, 64, 16, num_sms);
+      time_case<__nv_bfloat16>(1, 32768, 32, 2, 1, 128, 16, num_sms);  // the heuristic: 128
+      time_case<__nv_bfloat16>(1, 32768, 32, 1, 1, 128, 16, num_sms);  // 2 chunks; 128
+      time_case<__nv_bfloat16>(2, 32768, 28, 4, 1, 128, 16, num_sms);  // 32
     }
     g_splits = 0;
     return 0;
