@@ -105,8 +105,8 @@ def default_num_splits(
     head or as JAX_FLASH_PAGED_MMA says) runs 16-row CTAs, 2 / 2 / 1 per SM for head dims
     64 / 128 / 256 (8-bit caches, `cache_itemsize` 1: 3 / 2 / 1). Aim for about one wave: no
     split if the CTAs already fill 80% of the slots, else the largest power of two that fills
-    them, with at least 128 keys per split. Measured
-    best on an H100 for bf16 GQA-4 (B=1 -> 32, 2 -> 16, 4 -> 8, 8 -> 4, 16 -> 2, >= 32 -> 1)."""
+    them, with at least 128 keys per split. Measured best on an H100 for bf16 GQA-4 (B=1 -> 32,
+    2 -> 16, 4 -> 8, 8 -> 4, 16 -> 2, >= 32 -> 1)."""
     rows = group * seqlen_q
     mode = _paged_mma_mode()
     mma = mma_ok and (mode == 1 or (mode < 0 and rows >= _PAGED_MMA_MIN_ROWS))

@@ -1115,8 +1115,10 @@ cudaError_t dispatch_cache(const PagedAttentionParams& p, cudaStream_t stream) {
 //   B=16  ctx 4k:   s1 2278, [s2 2399], s3 2092, s4 2374
 //   B=16  ctx 1k:   [s1 1764], s2 1690
 //   B=32  ctx 4k:   [s1 2777], s2 2583;  B=64 ctx 8k: [s1 2936], s2 2839
-// i.e. about one wave of 2 CTAs per SM (B * Hkv * s = 256 of 264 slots). The merge adds 3-4 us
-// at B = 1 (6% at 1 x 32k, 14% at 1 x 8k) and is lost in the noise from B = 8.
+// i.e. about one wave of 2 CTAs per SM (B * Hkv * s = 256 of 264 slots). The merge adds 2.6-3.3
+// us at B = 1 (4.6-5% at 1 x 32k, 19% at 1 x 8k; tools/paged_mma_check --merge) and ~1% from
+// B = 8. Split counts 8-128 around this choice (B = 1-2; 32/8, 28/4, 32/2, 32/1 heads; D 64,
+// 128): it is the best or within ~6% of it.
 // The tensor-core kernel (taken when paged::paged_use_mma(mma_ok, rows); mma_ok: the call's
 // dtypes and head_dim suit it, paged::paged_mma_supported) runs 16 query rows per CTA of 128
 // threads, paged::paged_mma_ctas_per_sm(head_dim, cache_bytes) CTAs per SM (16-bit caches 2,

@@ -13,9 +13,9 @@
 // into a ring of 3-6 shared-memory stages (MmaCfg::kStages: 2-5 tiles in flight per CTA, 1-3
 // CTAs per SM). Rows are placed through the page table one by one (any page size; tiles may
 // straddle pages): thread r < kTK loads the page id of row r one tile ahead, checks it and
-// writes the row's cache offset to a ring of offsets in shared memory. Rows past the key range or behind an invalid id are
-// zero-filled and never read; an invalid id (or a scan of the whole block-table row in split 0,
-// or a bad kv length) makes the sequence NaN.
+// writes the row's cache offset to a ring of offsets in shared memory. Rows past the key range
+// or behind an invalid id are zero-filled and never read; an invalid id (or a scan of the whole
+// block-table row in split 0, or a bad kv length) makes the sequence NaN.
 //
 // Compute: the warps split the KEYS of a tile, 16 each. Warp w computes
 //   S_w = Q K_w^T   (16 x 16, ldmatrix.x4 of K from the swizzled tile; Q's A fragments are
