@@ -92,7 +92,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 }
 
 // The same stream with bulk copies (TMA engine, sm_90): one cp.async.bulk per K or V row, each
-// thread arriving on the stage's mbarrier with the bytes of its own copies.
+// thread arriving on the stage's mbarrier with the bytes of its own copies. Whole contexts only
+// (`splits` is always 1: the signature is stream's, for run()).
 template <int kTileBytes, int kStages, int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     stream_bulk(const char* k, const char* v, const int* bt, int max_pages, int ps, int ctx,

@@ -811,20 +811,18 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
     const float mref = mf == neg_inf() ? 0.f : mf;
     const float f = fast_exp2(m_ref[hf] - mref) * (per_token ? v_ref : 1.f);
     // padding rows (r >= mvalid: 12 of the 16 in GQA-4 decode) are never read
-    if constexpr (kQ8) {  // undo the column permutation of the 8-bit V path
-      float* dst = red_s + (warp * kRows + r) * C::kRedStride;
+    if (r < mvalid) {
+      if constexpr (kQ8) {  // undo the column permutation of the 8-bit V path
+        float* dst = red_s + (warp * kRows + r) * C::kRedStride;
 #pragma unroll
-      for (int dt = 0; dt < kDT; ++dt) {
-        if (r < mvalid) {
+        for (int dt = 0; dt < kDT; ++dt) {
           dst[q8::vcol<D>(2 * t, dt)] = o[dt][2 * hf] * f;
           dst[q8::vcol<D>(2 * t + 1, dt)] = o[dt][2 * hf + 1] * f;
         }
-      }
-    } else {
-      float* dst = red_s + (warp * kRows + r) * C::kRedStride + 2 * t;
+      } else {
+        float* dst = red_s + (warp * kRows + r) * C::kRedStride + 2 * t;
 #pragma unroll
-      for (int dt = 0; dt < kDT; ++dt) {
-        if (r < mvalid)
+        for (int dt = 0; dt < kDT; ++dt)
           *reinterpret_cast<float2*>(dst + dt * 8) =
               make_float2(o[dt][2 * hf] * f, o[dt][2 * hf + 1] * f);
       }
