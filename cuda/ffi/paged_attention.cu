@@ -21,7 +21,7 @@ static ffi::Error PagedAttentionCuda(
     float softmax_scale, float softcap, int32_t window_left, int32_t window_right,
     int32_t num_splits, int32_t scale_mode) {
   constexpr const char* op = "paged_attention";
-  PagedAttentionParams p;
+  PagedAttentionParams p{};
   ffi::Error err = make_paged_attention_params(
       q, k_pages, v_pages, k_scale, v_scale, block_tables, kv_lens, o, lse, o_partial,
       lse_partial, softmax_scale, softcap, window_left, window_right, num_splits, scale_mode,

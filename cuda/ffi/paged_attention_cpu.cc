@@ -12,7 +12,7 @@ static ffi::Error PagedAttentionCpu(
     ffi::Result<ffi::Buffer<ffi::F32>> o_partial, ffi::Result<ffi::Buffer<ffi::F32>> lse_partial,
     float softmax_scale, float softcap, int32_t window_left, int32_t window_right,
     int32_t num_splits, int32_t scale_mode) {
-  PagedAttentionParams p;
+  PagedAttentionParams p{};
   // The CPU kernel picks its own split of the key range; o_partial / lse_partial are unused.
   ffi::Error err = make_paged_attention_params(
       q, k_pages, v_pages, k_scale, v_scale, block_tables, kv_lens, o, lse, o_partial, lse_partial,

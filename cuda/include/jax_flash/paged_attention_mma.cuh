@@ -216,10 +216,14 @@ __device__ __forceinline__ uint32_t q_to_f16(uint32_t w, float scale) {
 
 }  // namespace q8
 
-template <typename T, typename TC, int D>
+// kHF: C-fragment row halves that hold query rows (rows g and g + 8 of lane (g, t)); 1 when a
+// CTA has at most 8 rows (G * Sq <= 8: GQA decode), so rows 8-15 are padding and their softmax
+// is skipped (their P is 0).
+template <typename T, typename TC, int D, int kHF>
 __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
                                   MmaCfg<D, sizeof(TC)>::kCtasPerSm)
     paged_attention_mma_kernel(const PagedAttentionParams p, const int32_t num_chunks) {
+  static_assert(kHF == 1 || kHF == 2, "one or two row halves");
   using C = MmaCfg<D, sizeof(TC)>;
   constexpr bool kQ8 = C::kQ8;
   constexpr int kS = C::kStages;
@@ -629,7 +633,7 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
         f.y *= ks.y;
       }
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
+      for (int e = 0; e < 2 * kHF; ++e) {
         const float x = s[nt][e] * ((e & 1) ? f.y : f.x);
         s[nt][e] = has_cap ? tanhf(x) * x_scale : x;
       }
@@ -639,7 +643,7 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
 #pragma unroll
       for (int nt = 0; nt < kSN; ++nt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
+        for (int e = 0; e < 2 * kHF; ++e) {
           const int hf = e >> 1;
           const int64_t j = kw64 + nt * 8 + 2 * t + (e & 1);
           if (!(j < ke && j >= lo_r[hf] && j < hi_r[hf])) s[nt][e] = neg_inf();
@@ -654,7 +658,7 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
       float mx[2];
       bool grow = false;
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
+      for (int hf = 0; hf < kHF; ++hf) {
         float m = fmaxf(s[0][2 * hf], s[0][2 * hf + 1]);
 #pragma unroll
         for (int nt = 1; nt < kSN; ++nt) m = fmaxf(m, fmaxf(s[nt][2 * hf], s[nt][2 * hf + 1]));
@@ -665,7 +669,7 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
       }
       if (__any_sync(kFull, grow)) {
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
+        for (int hf = 0; hf < kHF; ++hf) {
           const float m_new = fmaxf(m_ref[hf], mx[hf]);
           const float corr = fast_exp2(m_ref[hf] - (m_new == neg_inf() ? 0.f : m_new));
           m_ref[hf] = m_new;
@@ -679,7 +683,7 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
       }
     }
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
+    for (int hf = 0; hf < kHF; ++hf) {
       const float mref = m_ref[hf] == neg_inf() ? 0.f : m_ref[hf];
 #pragma unroll
       for (int nt = 0; nt < kSN; ++nt) {
@@ -708,7 +712,7 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
 #pragma unroll
         for (int dt = 0; dt < kDT; ++dt) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) o[dt][e] *= corr;
+          for (int e = 0; e < 2 * kHF; ++e) o[dt][e] *= corr;
         }
         v_ref = vmax;
       }
@@ -718,8 +722,10 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
         const float ax = vs[nt].x * inv, ay = vs[nt].y * inv;
         s[nt][0] *= ax;
         s[nt][1] *= ay;
-        s[nt][2] *= ax;
-        s[nt][3] *= ay;
+        if (kHF > 1) {
+          s[nt][2] *= ax;
+          s[nt][3] *= ay;
+        }
       }
     }
 
@@ -729,9 +735,9 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
     auto pv = [&](int sl) {
       uint32_t pa[4];
       pa[0] = mma_detail::pack2<TM>(s[2 * sl][0], s[2 * sl][1]);
-      pa[1] = mma_detail::pack2<TM>(s[2 * sl][2], s[2 * sl][3]);
+      pa[1] = kHF > 1 ? mma_detail::pack2<TM>(s[2 * sl][2], s[2 * sl][3]) : 0u;  // rows g + 8
       pa[2] = mma_detail::pack2<TM>(s[2 * sl + 1][0], s[2 * sl + 1][1]);
-      pa[3] = mma_detail::pack2<TM>(s[2 * sl + 1][2], s[2 * sl + 1][3]);
+      pa[3] = kHF > 1 ? mma_detail::pack2<TM>(s[2 * sl + 1][2], s[2 * sl + 1][3]) : 0u;
       if constexpr (kQ8) {
         // Lane (g, t): words of keys 2t, 2t+1 (b0) and 2t+8, 2t+9 (b1) at columns vcol(g, dt);
         // byte_perm pairs the two keys of each column: word w of a load feeds tiles 4w..4w+3.
@@ -876,8 +882,11 @@ cudaError_t launch_paged_attention_mma(const PagedAttentionParams& p, cudaStream
   const int64_t blocks = static_cast<int64_t>(p.batch) * p.num_heads_k * p.num_splits * chunks;
   if (blocks == 0) return cudaSuccess;
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  auto kernel = paged_attention_mma_kernel<T, TC, D>;
-  cudaError_t err = ensure_smem_attrs<paged_attention_mma_kernel<T, TC, D>>(C::kSmem);
+  // at most 8 query rows per CTA (GQA decode): row halves 8-15 are padding
+  const bool half = rows <= 8;
+  auto kernel = half ? paged_attention_mma_kernel<T, TC, D, 1> : paged_attention_mma_kernel<T, TC, D, 2>;
+  cudaError_t err = half ? ensure_smem_attrs<paged_attention_mma_kernel<T, TC, D, 1>>(C::kSmem)
+                         : ensure_smem_attrs<paged_attention_mma_kernel<T, TC, D, 2>>(C::kSmem);
   if (err != cudaSuccess) return err;
   kernel<<<static_cast<unsigned>(blocks), C::kThreads, C::kSmem, stream>>>(
       p, static_cast<int32_t>(chunks));
