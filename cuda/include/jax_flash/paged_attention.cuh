@@ -898,6 +898,41 @@ inline bool& merge_pdl_enabled() {
   return enabled;
 }
 
+// Whether the tensor-core decode kernel is launched as a programmatic dependent of the
+// stream's previous kernel on sm_90+ (default on; JAX_FLASH_PAGED_PDL=0 turns it off, read
+// once; a switch for tests and benchmarks).
+inline bool& paged_attention_pdl_enabled() {
+  static bool enabled = [] {
+    const char* e = std::getenv("JAX_FLASH_PAGED_PDL");
+    return !(e != nullptr && e[0] == '0' && e[1] == 0);
+  }();
+  return enabled;
+}
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent launch
+// (cudaLaunchAttributeProgrammaticStreamSerialization) when `pdl` and the device is sm_90+:
+// the kernel must then run griddepcontrol.wait before reading anything an earlier kernel of
+// the stream may write.
+template <typename... KArgs, typename... Args>
+cudaError_t paged_launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                             cudaStream_t stream, bool pdl, Args... args) {
+  int dev = 0, major = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (err != cudaSuccess) return err;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = (major >= 9 && pdl) ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
+}
+
 // Whether launch_paged_merge launches the merge at all (default on; off only in the standalone
 // tool, to time the attention grid alone: the output is then left unmerged).
 inline bool& merge_enabled() {

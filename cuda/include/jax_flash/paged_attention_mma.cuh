@@ -255,9 +255,14 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
   float* red_s = reinterpret_cast<float*>(smem);  // epilogue overlay [kWarps][kRows][kRedStride]
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched as a programmatic dependent of the stream's previous kernel (paged_launch_pdl):
+  // this grid's launch overlaps that kernel's end, and nothing is read before that kernel has
+  // completed and its writes are visible (a no-op for an ordinary launch).
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   // Lets the split-KV merge grid (a programmatic dependent) be scheduled early; it waits for
-  // this grid's completion before reading anything.
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  // this grid's completion before reading anything. Without a merge, dependents start as this
+  // grid ends (CTAs waiting early would take SM slots from this grid's later CTAs).
+  if (p.num_splits > 1) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -888,9 +893,8 @@ cudaError_t launch_paged_attention_mma(const PagedAttentionParams& p, cudaStream
   cudaError_t err = half ? ensure_smem_attrs<paged_attention_mma_kernel<T, TC, D, 1>>(C::kSmem)
                          : ensure_smem_attrs<paged_attention_mma_kernel<T, TC, D, 2>>(C::kSmem);
   if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned>(blocks), C::kThreads, C::kSmem, stream>>>(
-      p, static_cast<int32_t>(chunks));
-  err = cudaGetLastError();
+  err = paged_launch_pdl(kernel, dim3(static_cast<unsigned>(blocks)), dim3(C::kThreads), C::kSmem,
+                         stream, paged_attention_pdl_enabled(), p, static_cast<int32_t>(chunks));
   if (err != cudaSuccess) return err;
   return launch_paged_merge<T, D>(p, stream);
 }
