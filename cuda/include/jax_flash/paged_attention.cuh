@@ -1035,21 +1035,9 @@ cudaError_t launch_paged_merge(const PagedAttentionParams& p, cudaStream_t strea
     return cudaErrorInvalidConfiguration;
   // On sm_90+ the merge is a programmatic dependent launch: its launch overlaps the attention
   // grid, and griddepcontrol.wait orders its reads after that grid's writes.
-  int dev = 0, major = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  if (err != cudaSuccess) return err;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(out_rows));
-  cfg.blockDim = dim3(128);
-  cfg.dynamicSmemBytes = static_cast<size_t>(p.num_splits) * sizeof(float);
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = (major >= 9 && merge_pdl_enabled()) ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, paged_merge_kernel<TQ, D>, p);
+  return paged_launch_pdl(paged_merge_kernel<TQ, D>, dim3(static_cast<unsigned>(out_rows)),
+                          dim3(128), static_cast<size_t>(p.num_splits) * sizeof(float), stream,
+                          merge_pdl_enabled(), p);
 }
 
 // Paged decode attention for one (q dtype, cache element type, head dim); D == Dv. TC is
