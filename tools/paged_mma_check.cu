@@ -13,7 +13,8 @@
 // tensor-core kernel per row at 64 x 8k, for ncu), --bw (only the tensor-core kernel's time at
 // the decode benchmark's main shapes), --d64 (the same for head dim 64, with 1-4 splits at
 // 64 x 8k; with --profile: one launch each of bf16 and e4m3 D64 at 64 x 8k, for ncu), --merge
-// (split-KV shapes with and without the merge: its cost), --seq (timing rows with each
+// (split-KV shapes with and without the merge: its cost), --mha (both kernels at 1-2 rows per
+// kv head), --seq (timing rows with each
 // sequence's pages in order instead of shuffled).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -549,6 +550,7 @@ int main(int argc, char** argv) {
   bool bw = false;       // --bw: the tensor-core kernel's time at the benchmark's main shapes
   bool d64 = false;      // --d64: the same for head dim 64, with 1-4 splits at 64 x 8k
   bool merge = false;    // --merge: split-KV shapes with and without the merge
+  bool mha = false;      // --mha: both kernels at 1 and 2 query rows per kv head (G * Sq < 4)
   for (int i = 1; i < argc; ++i) {
     no_timing |= std::string(argv[i]) == "--no-timing";
     q8_only |= std::string(argv[i]) == "--q8";
@@ -557,6 +559,24 @@ int main(int argc, char** argv) {
     g_seq_pages |= std::string(argv[i]) == "--seq";
     d64 |= std::string(argv[i]) == "--d64";
     merge |= std::string(argv[i]) == "--merge";
+    mha |= std::string(argv[i]) == "--mha";
+  }
+  if (mha) {  // the CUDA-core kernel (4-row CTAs) against the tensor-core one (16-row CTAs)
+    g_iters = 100;
+    for (int Hkv : {32, 16}) {
+      for (int D : {128, 64}) {
+        time_case<__nv_bfloat16>(64, 8192, 32, Hkv, 1, D, 16, num_sms);
+        time_case<__nv_bfloat16>(256, 1024, 32, Hkv, 1, D, 16, num_sms);
+        time_case<__nv_bfloat16>(8, 8192, 32, Hkv, 1, D, 16, num_sms);
+        time_case<__nv_bfloat16>(1, 32768, 32, Hkv, 1, D, 16, num_sms);
+      }
+      time_case<__nv_bfloat16, __nv_fp8_e4m3>(64, 8192, 32, Hkv, 1, 128, 16, num_sms,
+                                              ScaleMode::kPerToken);
+      time_case<__nv_bfloat16, __nv_fp8_e4m3>(1, 32768, 32, Hkv, 1, 128, 16, num_sms,
+                                              ScaleMode::kPerToken);
+    }
+    time_case<__nv_bfloat16>(64, 8192, 32, 32, 2, 128, 16, num_sms);  // Sq 2: 2 rows
+    return 0;
   }
   if (merge) {  // split-KV shapes (the heuristic's splits), bf16 32/8 D128 page 16
     // each shape three times: merged (programmatic dependent launch), merged by an ordinary

@@ -75,7 +75,7 @@ def _sm_count() -> int:
     return int(getattr(dev, "core_count", 0) or _DEFAULT_SM_COUNT)
 
 
-_PAGED_MMA_MIN_ROWS = 4  # paged::kPagedMmaMinRows (cuda/include/jax_flash/paged_attention.cuh)
+_PAGED_MMA_MIN_ROWS = 1  # paged::kPagedMmaMinRows (cuda/include/jax_flash/paged_attention.cuh)
 
 
 @functools.cache
@@ -101,8 +101,8 @@ def default_num_splits(
 
     The CUDA-core kernel runs one CTA per (sequence, kv head, split, chunk of <= 16 query rows of
     the group); two 4-8-row CTAs (or one 16-row CTA) fit an SM. The tensor-core kernel (f16 / bf16
-    q with a cache of q's dtype or an int8 / e4m3 cache, `mma_ok`, taken from 4 query rows per kv
-    head or as JAX_FLASH_PAGED_MMA says) runs 16-row CTAs, 2 / 2 / 1 per SM for head dims
+    q with a cache of q's dtype or an int8 / e4m3 cache, `mma_ok`, taken whatever the query rows
+    per kv head unless JAX_FLASH_PAGED_MMA=0) runs 16-row CTAs, 2 / 2 / 1 per SM for head dims
     64 / 128 / 256 (8-bit caches, `cache_itemsize` 1: 3 / 2 / 1). Aim for about one wave: no
     split if the CTAs already fill 80% of the slots, else the largest power of two that fills
     them, with at least 128 keys per split. Measured best on an H100 for bf16 GQA-4 (B=1 -> 32,

@@ -948,14 +948,17 @@ cudaError_t launch_paged_merge(const PagedAttentionParams& p, cudaStream_t strea
 
 // ---- Tensor-core path (paged_attention_mma.cuh) ----
 // Taken for float16 / bfloat16 q with a cache of q's dtype or an int8 / float8 e4m3 cache (any
-// scale mode; D 64, 128, 256) when the group has at least
-// kPagedMmaMinRows query rows (G * Sq). Measured on an H100 (bf16, D 128, page 16, GB/s of K+V,
+// scale mode; D 64, 128, 256) whatever the group's query rows (G * Sq >= kPagedMmaMinRows = 1;
+// it was 4). Measured on an H100 (bf16, D 128, page 16, GB/s of K+V,
 // CUDA-core -> tensor-core kernel): B=64 ctx 8k G=4 Sq=1 2943 -> 2996, G=4 Sq=4 1179 -> 2980,
 // G=8 Sq=1 2194 -> 2992, G=8 Sq=4 589 -> 2765; B=1 ctx 32k G=4 Sq=1 1951 -> 2308, G=8 Sq=4
-// 551 -> 2035. Below 4 rows the CUDA-core kernel (4-row CTAs) keeps the call.
+// 551 -> 2035. With 1-2 rows (MHA, G = 2) it is ahead too, although 14-15 of its 16 rows are
+// padding (tools/paged_mma_check --mha, us, CUDA-core -> tensor-core): bf16 32/32 D128 64 x 8k
+// 2905 -> 2809, 1 x 32k 197 -> 187, 8 x 8k 371 -> 357; 32/16 256 x 1k 730 -> 709; D64 32/16
+// 8 x 8k 114 -> 103; e4m3 per-token 32/32 64 x 8k 2160 -> 1717, 32/16 1 x 32k 98 -> 73.
 // JAX_FLASH_PAGED_MMA overrides the choice: "0" never, "1" whenever supported; read once
 // (paged_mma_mode() may be set by tests and benchmarks to compare both kernels in one process).
-constexpr int64_t kPagedMmaMinRows = 4;
+constexpr int64_t kPagedMmaMinRows = 1;
 constexpr int kPagedMmaRows = 16;  // query rows per CTA of the tensor-core kernel
 
 // -1: heuristic (rows >= kPagedMmaMinRows), 0: never, 1: whenever supported.
