@@ -749,9 +749,8 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("correctness: %s\n", ok ? "ALL PASS" : "SOME FAILED");
-  std::printf("default dispatch: G*Sq=4 -> %s, G*Sq=8 -> %s (JAX_FLASH_PAGED_MMA=%s)\n",
-              paged::paged_use_mma(true, 4) ? "mma" : "simt",
-              paged::paged_use_mma(true, 8) ? "mma" : "simt",
+  std::printf("default dispatch of supported calls: %s (JAX_FLASH_PAGED_MMA=%s)\n",
+              paged::paged_use_mma(true) ? "mma" : "simt",
               std::getenv("JAX_FLASH_PAGED_MMA") ? std::getenv("JAX_FLASH_PAGED_MMA") : "unset");
   if (no_timing) return ok ? 0 : 1;
   if (!q8_only) {

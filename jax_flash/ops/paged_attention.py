@@ -75,13 +75,10 @@ def _sm_count() -> int:
     return int(getattr(dev, "core_count", 0) or _DEFAULT_SM_COUNT)
 
 
-_PAGED_MMA_MIN_ROWS = 1  # paged::kPagedMmaMinRows (cuda/include/jax_flash/paged_attention.cuh)
-
-
 @functools.cache
 def _paged_mma_mode() -> int:
     """JAX_FLASH_PAGED_MMA, read once as the CUDA library does: "0" never, "1" whenever
-    supported, anything else the default heuristic (-1)."""
+    supported, anything else the default (-1: also whenever supported)."""
     v = os.environ.get("JAX_FLASH_PAGED_MMA")
     return 0 if v == "0" else 1 if v == "1" else -1
 
@@ -109,7 +106,7 @@ def default_num_splits(
     2 -> 16, 4 -> 8, 8 -> 4, 16 -> 2, >= 32 -> 1)."""
     rows = group * seqlen_q
     mode = _paged_mma_mode()
-    mma = mma_ok and (mode == 1 or (mode < 0 and rows >= _PAGED_MMA_MIN_ROWS))
+    mma = mma_ok and mode != 0
     if mma:
         mt = 16
         if head_dim <= 64:

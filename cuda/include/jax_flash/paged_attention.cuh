@@ -29,9 +29,9 @@
 // o_partial / lse_partial; paged_merge_kernel combines them (one CTA per output row, fixed
 // order: deterministic), launched as a programmatic dependent launch on sm_90+.
 //
-// 16-bit q with a cache of q's dtype or an int8 / e4m3 cache and larger GQA groups go to the
-// tensor-core kernel of paged_attention_mma.cuh instead (paged_use_mma; it shares the page-table,
-// bad-data and output helpers and the merge).
+// 16-bit q with a cache of q's dtype or an int8 / e4m3 cache goes to the tensor-core kernel of
+// paged_attention_mma.cuh instead (paged_use_mma; it shares the page-table, bad-data and output
+// helpers and the merge).
 //
 // No XLA headers here.
 #pragma once
@@ -948,8 +948,7 @@ cudaError_t launch_paged_merge(const PagedAttentionParams& p, cudaStream_t strea
 
 // ---- Tensor-core path (paged_attention_mma.cuh) ----
 // Taken for float16 / bfloat16 q with a cache of q's dtype or an int8 / float8 e4m3 cache (any
-// scale mode; D 64, 128, 256) whatever the group's query rows (G * Sq >= kPagedMmaMinRows = 1;
-// it was 4). Measured on an H100 (bf16, D 128, page 16, GB/s of K+V,
+// scale mode; D 64, 128, 256), whatever the group's query rows (it used to need 4). Measured on an H100 (bf16, D 128, page 16, GB/s of K+V,
 // CUDA-core -> tensor-core kernel): B=64 ctx 8k G=4 Sq=1 2943 -> 2996, G=4 Sq=4 1179 -> 2980,
 // G=8 Sq=1 2194 -> 2992, G=8 Sq=4 589 -> 2765; B=1 ctx 32k G=4 Sq=1 1951 -> 2308, G=8 Sq=4
 // 551 -> 2035. With 1-2 rows (MHA, G = 2) it is ahead too, although 14-15 of its 16 rows are
@@ -958,10 +957,9 @@ cudaError_t launch_paged_merge(const PagedAttentionParams& p, cudaStream_t strea
 // 8 x 8k 114 -> 103; e4m3 per-token 32/32 64 x 8k 2160 -> 1717, 32/16 1 x 32k 98 -> 73.
 // JAX_FLASH_PAGED_MMA overrides the choice: "0" never, "1" whenever supported; read once
 // (paged_mma_mode() may be set by tests and benchmarks to compare both kernels in one process).
-constexpr int64_t kPagedMmaMinRows = 1;
 constexpr int kPagedMmaRows = 16;  // query rows per CTA of the tensor-core kernel
 
-// -1: heuristic (rows >= kPagedMmaMinRows), 0: never, 1: whenever supported.
+// -1: default, 1: whenever supported (the same since the kernel takes any row count), 0: never.
 inline int& paged_mma_mode() {
   static int mode = [] {
     const char* e = std::getenv("JAX_FLASH_PAGED_MMA");
@@ -972,13 +970,9 @@ inline int& paged_mma_mode() {
   return mode;
 }
 
-// Whether the tensor-core kernel takes a call with `rows` = G * Sq query rows per kv head, given
-// that it supports its dtypes and head dim (mma_ok).
-inline bool paged_use_mma(bool mma_ok, int64_t rows) {
-  if (!mma_ok) return false;
-  const int mode = paged_mma_mode();
-  return mode == 1 || (mode < 0 && rows >= kPagedMmaMinRows);
-}
+// Whether the tensor-core kernel takes a call, given that it supports its dtypes and head dim
+// (mma_ok).
+inline bool paged_use_mma(bool mma_ok) { return mma_ok && paged_mma_mode() != 0; }
 
 // Whether the tensor-core kernel supports these parameters: q float16 or bfloat16 with a cache
 // of q's dtype (no scales) or an int8 / float8 e4m3 cache (per-head or per-token scales),
@@ -1050,7 +1044,7 @@ template <typename TQ, typename TC, int D>
 cudaError_t launch_paged_attention(const PagedAttentionParams& p, cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(p.num_heads / p.num_heads_k) * p.seqlen_q;
   if constexpr (sizeof(TQ) == 2 && (std::is_same_v<TQ, TC> || sizeof(TC) == 1)) {
-    if (paged_use_mma(paged_mma_supported(p), rows))
+    if (paged_use_mma(paged_mma_supported(p)))
       return launch_paged_attention_mma<TQ, D, TC>(p, stream);
   }
   switch (paged_rows_per_cta(rows)) {
@@ -1145,7 +1139,7 @@ cudaError_t dispatch_cache(const PagedAttentionParams& p, cudaStream_t stream) {
 // us at B = 1 (4.6-5% at 1 x 32k, 19% at 1 x 8k; tools/paged_mma_check --merge) and ~1% from
 // B = 8. Split counts 8-128 around this choice (B = 1-2; 32/8, 28/4, 32/2, 32/1 heads; D 64,
 // 128): it is the best or within ~6% of it.
-// The tensor-core kernel (taken when paged::paged_use_mma(mma_ok, rows); mma_ok: the call's
+// The tensor-core kernel (taken when paged::paged_use_mma(mma_ok); mma_ok: the call's
 // dtypes and head_dim suit it, paged::paged_mma_supported) runs 16 query rows per CTA of 128
 // threads, paged::paged_mma_ctas_per_sm(head_dim, cache_bytes) CTAs per SM (16-bit caches 2,
 // 2, 1 for D 64, 128, 256; 8-bit caches 3, 2, 1).
@@ -1155,7 +1149,7 @@ inline int paged_num_splits_heuristic(int64_t batch, int64_t num_heads_k, int64_
                                       int head_dim = 128, bool mma_ok = false,
                                       int cache_bytes = 2) {
   const int64_t rows = group * seqlen_q;
-  const bool mma = paged::paged_use_mma(mma_ok, rows);
+  const bool mma = paged::paged_use_mma(mma_ok);
   const int64_t mt = mma ? paged::kPagedMmaRows : paged::paged_rows_per_cta(rows);
   const int64_t ctas = batch * num_heads_k * ((rows + mt - 1) / mt);
   const int64_t per_sm =

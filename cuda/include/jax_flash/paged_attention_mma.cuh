@@ -1,8 +1,8 @@
 // Paged decode attention on tensor cores (mma.sync m16n8k16, float32 accumulation) for float16 /
 // bfloat16 q with a cache of q's dtype or an 8-bit cache (int8 / float8 e4m3, per-head or
 // per-token scales), head dims 64, 128, 256. The contract is paged_params.h's; the dispatch in
-// paged_attention.cuh sends a call here when the GQA group has enough query rows
-// (paged_use_mma), where the CUDA-core kernel's float32 FMAs would bound the speed.
+// paged_attention.cuh sends every call it supports here (paged_use_mma): faster than the CUDA-core
+// kernel from one query row per kv head (MHA) on, as its float32 FMAs bound that kernel's speed.
 //
 // One CTA of 4 warps per (sequence, kv head, split, chunk of 16 query rows): the group's rows
 // m = i * G + g (query position i, head g of the group), as in the CUDA-core kernel; rows past
