@@ -7,6 +7,7 @@ One job per module:
     shapes   a row's shape per benchmark: sizes, work done, label
     prefill  the prefill grid and its run
     decode   the paged-decode grid, its paged inputs and its run
+    run      the frame both runs share: device, progress, rows saved as they come, result
     peers    the implementations compared with jax_flash
     report   progress lines, tables and summaries (only what was measured)
     save     the run's JSON and PNG files (plot: the plots)

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jax_flash import reference
-from jax_flash.bench import device, report, save, timing
+from jax_flash.bench import report, timing
 from jax_flash.bench.peers import decode_peers, skipped
+from jax_flash.bench.run import Run
 from jax_flash.bench.shapes import QUANTIZED, DecodeShape
 
 # The decode-speed grid: batch x context from one long sequence to many short ones.
@@ -157,14 +157,10 @@ def _best_pallas(results: dict):
 def run_decode(grid="quick", dtypes=("bfloat16",), out_dir=None, shapes=None, skip=()):
     """Times the grid (or `shapes`), prints a line per peer, the table and the 8-bit summary;
     with `out_dir`, writes the run's JSON and PNG there. Returns the result dict (as saved)."""
-    dev, kind, info, roof = device.start(grid)
-    mem = device.mem_limit(dev)
+    run = Run("decode", grid, out_dir)
+    kind, mem, roof = run.kind, run.mem, run.roof
     shapes = grid_shapes(grid, kind, dtypes) if shapes is None else list(shapes)
-    out_path = save.out_path("decode", info, out_dir) if out_dir else None
-    rows = []
-    t_start = time.perf_counter()
-    for i, s in enumerate(shapes):
-        report.progress(i, len(shapes), t_start, s.label())
+    for i, s in run.shapes(shapes):
         data = make_paged(s, jax.random.key(2000 + i))
         ref = None
         if 1.5 * s.gather_bytes < 0.5 * mem:
@@ -177,7 +173,7 @@ def run_decode(grid="quick", dtypes=("bfloat16",), out_dir=None, shapes=None, sk
             except Exception as e:  # no reference: results without rel_err
                 print(f"    (no float32 reference: {report.error_text(e)})", flush=True)
         row = {"shape": dataclasses.asdict(s), "results": {}}
-        row["harness_us"] = 1e6 * timing.harness_time(data, CHAIN, 500 if kind == "gpu" else 5)
+        row["harness_us"] = run.harness_us(data, CHAIN)
         for make_args, group in decode_peers(kind, s, mem):
             args = None
             for name, fn in group.items():
@@ -196,23 +192,7 @@ def run_decode(grid="quick", dtypes=("bfloat16",), out_dir=None, shapes=None, sk
                 report.decode_line(name, res)
             del args
         _best_pallas(row["results"])
-        print(f"    (loop harness {row['harness_us']:.1f} us/iteration)", flush=True)
-        rows.append(row)
-        if out_path:
-            save.save_partial(out_path, "decode", info, roof, rows)
+        run.add(row)
         del data, ref
-    elapsed = time.perf_counter() - t_start
-    report.decode_table(rows, roof)
-    summary = report.decode_summary(rows, dtypes[0])
-    print(f"({len(rows)} rows in {elapsed:.0f} s)")
-    info["elapsed_s"] = elapsed
-    result = {
-        "benchmark": "decode",
-        "info": info,
-        "rooflines": roof,
-        "summary": summary,
-        "rows": rows,
-    }
-    if out_path:
-        save.save(result, out_path)
-    return result
+    report.decode_table(run.rows, roof)
+    return run.finish(summary=report.decode_summary(run.rows, dtypes[0]))

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jax_flash import reference
-from jax_flash.bench import device, report, save, timing
+from jax_flash.bench import report, timing
 from jax_flash.bench.peers import MATERIALISING, prefill_peers, skipped
+from jax_flash.bench.run import Run
 from jax_flash.bench.shapes import PrefillShape
 
 
@@ -70,14 +70,10 @@ def run_prefill(
 ):
     """Times the grid (or `shapes`), prints a line per peer and the table; with `out_dir`,
     writes the run's JSON and PNG there. Returns the result dict (as saved)."""
-    dev, kind, info, roof = device.start(grid)
-    mem = device.mem_limit(dev)
+    run = Run("prefill", grid, out_dir)
+    kind, mem, roof = run.kind, run.mem, run.roof
     shapes = grid_shapes(grid, kind, dtypes) if shapes is None else list(shapes)
-    out_path = save.out_path("prefill", info, out_dir) if out_dir else None
-    rows = []
-    t_start = time.perf_counter()
-    for i, s in enumerate(shapes):
-        report.progress(i, len(shapes), t_start, s.label())
+    for i, s in run.shapes(shapes):
         dtype = jnp.dtype(s.dtype)
         keys = jax.random.split(jax.random.key(1000 + i), 3)
         q = jax.random.normal(keys[0], (s.batch, s.seqlen, s.heads_q, s.head_dim), dtype)
@@ -94,8 +90,7 @@ def run_prefill(
             except Exception as e:  # no reference: results without rel_err
                 print(f"    (no float32 reference: {report.error_text(e)})", flush=True)
         row = {"shape": dataclasses.asdict(s), "results": {}}
-        harness_n = 500 if kind == "gpu" else 5
-        row["harness_us"] = 1e6 * timing.harness_time((q, k, v), (0, 1, 2), harness_n)
+        row["harness_us"] = run.harness_us((q, k, v), (0, 1, 2))
         for name, fn in prefill_peers(kind, s).items():
             if skipped(name, skip):
                 continue
@@ -116,16 +111,7 @@ def run_prefill(
                     res = {"error": report.error_text(e)}
             row["results"][name] = res
             report.prefill_line(name, res)
-        print(f"    (loop harness {row['harness_us']:.1f} us/iteration)", flush=True)
-        rows.append(row)
-        if out_path:
-            save.save_partial(out_path, "prefill", info, roof, rows)
+        run.add(row)
         del q, k, v, ref
-    elapsed = time.perf_counter() - t_start
-    report.prefill_table(rows, kind)
-    print(f"({len(rows)} rows in {elapsed:.0f} s)")
-    info["elapsed_s"] = elapsed
-    result = {"benchmark": "prefill", "info": info, "rooflines": roof, "rows": rows}
-    if out_path:
-        save.save(result, out_path)
-    return result
+    report.prefill_table(run.rows, kind)
+    return run.finish()
