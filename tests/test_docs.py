@@ -46,7 +46,7 @@ BLOCKS = [
 def test_blocks_are_found():
     """The extractor sees the README's examples and the docs' (a broken fence would hide them)."""
     ids = [p.id for p in BLOCKS]
-    assert sum(i.startswith("README.md:") for i in ids) >= 8, ids
+    assert sum(i.startswith("README.md:") for i in ids) >= 4, ids
     assert any(i.startswith("docs/") for i in ids), ids
 
 
