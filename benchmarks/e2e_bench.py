@@ -2,7 +2,7 @@
 with `jax.nn.dot_product_attention` over a dense KV cache.
 
     python benchmarks/e2e_bench.py [--batch 1 32] [--prompt-len 2048] [--new-tokens 256]
-                                   [--baselines cudnn xla] [--out benchmarks/results]
+                                   [--baselines cudnn xla] [--out bench-results]
     python benchmarks/e2e_bench.py --tiny          # a small model and sizes, runs on CPU
 
 The model is a random-weight ~1.2B-parameter Llama 3.2 1B-shaped decoder (16 layers, hidden
@@ -14,7 +14,8 @@ a `lax.while_loop` of decode steps over a dense `[B, prompt + new, Hkv, D]` cach
 written in place, attention by `jax.nn.dot_product_attention(implementation=...)`. Both decode
 greedily with `jax_flash.sample` and never stop early (no EOS), so they do the same work.
 
-Every system is compiled and run once, then timed over --repeats runs (median). Reported:
+Every system is compiled and run once, then timed over --repeats runs (median; each run times its
+own prefill and decode phases: `jax_flash.bench.median_of_runs`). Reported:
 prefill tokens/s (B * prompt / prefill time), decode tokens/s (B * (new - 1) / decode-loop
 time) and end-to-end tokens/s (B * new / total), and how many leading tokens agree with
 jax_flash's. The table is printed and JSON goes to --out with the device, versions and config.
@@ -39,6 +40,7 @@ import numpy as np
 from flax import nnx
 
 import jax_flash
+from jax_flash import bench
 from jax_flash.models import LlamaConfig, LlamaForCausalLM, generate
 from jax_flash.nn import Dense
 from jax_flash.ops.sampling import sample
@@ -134,15 +136,6 @@ def run_flash(model, prompts, new_tokens, page_size):
 # ---------------------------------------------------------------------------------------------
 
 
-def measure(fn, repeats):
-    """Compile and warm up with one run, then the median of `repeats` timed runs."""
-    fn()
-    runs = [fn() for _ in range(repeats)]
-    prefill = float(np.median([r[1] for r in runs]))
-    decode = float(np.median([r[2] for r in runs]))
-    return runs[-1][0], prefill, decode
-
-
 def agree(a, b) -> float:
     """Mean number of leading tokens on which two [B, N] generations agree."""
     same = np.cumprod(a == b, axis=1)
@@ -158,7 +151,11 @@ def main():
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--baselines", nargs="*", help="dot_product_attention implementations")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    parser.add_argument(
+        "--out",
+        default=bench.DEFAULT_OUT,
+        help=f"folder for the JSON (default: {bench.DEFAULT_OUT})",
+    )
     args = parser.parse_args()
 
     device = jax.devices()[0]
@@ -208,7 +205,7 @@ def main():
         for name, fn in systems:
             row = dict(system=name, batch=B, prompt_len=prompt_len, new_tokens=new_tokens)
             try:
-                tokens, prefill_s, decode_s = measure(fn, args.repeats)
+                tokens, prefill_s, decode_s = bench.median_of_runs(fn, args.repeats)
             except Exception as e:  # a baseline the device does not support: record, go on
                 row["error"] = f"{type(e).__name__}: {e}"
                 traceback.print_exc(limit=2, file=sys.stderr)

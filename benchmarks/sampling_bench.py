@@ -4,22 +4,22 @@
 
 For each filter setting it times jax_flash.sample (and jax_flash.top_k_top_p_filter) and the
 usual jnp implementation of the same filters (lax.top_k, or a full sort for top-p without top-k,
-then jax.random.categorical), each jitted, as the median of repeated calls with
-block_until_ready, and prints a table with the device's name.
+then jax.random.categorical) the way every jax_flash benchmark times a call
+(`jax_flash.bench.auto_loop_time`: chained calls in one jitted loop, the slope between loop
+lengths, so dispatch and synchronisation stay out), and prints a table with the device's name.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jax_flash import bench
 from jax_flash.ops.sampling import sample, top_k_top_p_filter
 
 CONFIGS = [
@@ -54,15 +54,10 @@ def jnp_sample(logits, key, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
     return jnp.take_along_axis(idx, choice[:, None], axis=-1)[:, 0].astype(jnp.int32)
 
 
-def median_us(fn, *args, reps: int) -> float:
-    jax.block_until_ready(fn(*args))  # compile and warm up
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
+def call_us(fn, *args) -> float:
+    """Microseconds per call of fn(logits, ...), the logits chained from call to call."""
+    t, _ = bench.auto_loop_time(fn, args, chain=(0,))
+    return t * 1e6
 
 
 def main():
@@ -70,7 +65,6 @@ def main():
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--vocab", type=int, default=131072)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--reps", type=int, default=50)
     args = parser.parse_args()
 
     device = jax.devices()[0]
@@ -80,17 +74,15 @@ def main():
     key = jax.random.key(0)
     print(
         f"device: {device.device_kind} ({device.platform}); logits [{args.batch}, {args.vocab}] "
-        f"{args.dtype}; median of {args.reps} jitted calls, microseconds"
+        f"{args.dtype}; microseconds per call (chained calls in one jitted loop)"
     )
     header = f"{'filters':<26}{'sample':>10}{'filter':>10}{'jnp':>10}{'jnp/sample':>12}"
     print(header)
     print("-" * len(header))
     for name, cfg in CONFIGS:
-        ours = median_us(jax.jit(functools.partial(sample, **cfg)), logits, key, reps=args.reps)
-        filt = median_us(
-            jax.jit(functools.partial(top_k_top_p_filter, **cfg)), logits, reps=args.reps
-        )
-        ref = median_us(jax.jit(functools.partial(jnp_sample, **cfg)), logits, key, reps=args.reps)
+        ours = call_us(functools.partial(sample, **cfg), logits, key)
+        filt = call_us(functools.partial(top_k_top_p_filter, **cfg), logits)
+        ref = call_us(functools.partial(jnp_sample, **cfg), logits, key)
         print(f"{name:<26}{ours:>10.1f}{filt:>10.1f}{ref:>10.1f}{ref / ours:>11.2f}x")
 
 

@@ -1,9 +1,11 @@
-"""jax_flash.bench: the timing loop, the grids, and small end-to-end runs on this platform."""
+"""jax_flash.bench: the timing loop, the grids, the report, the files a run saves, and small
+end-to-end runs on this platform."""
 
 import dataclasses
 import functools
 import json
 import re
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +14,7 @@ import pytest
 
 import jax_flash
 from jax_flash import bench
+from jax_flash.bench import cli, decode, peers, prefill, report, timing
 
 
 def test_loop_returns_the_call_and_updates_in_place():
@@ -22,7 +25,7 @@ def test_loop_returns_the_call_and_updates_in_place():
     k = jax.random.normal(keys[1], (1, 64, 2, 32), jnp.float32)
     v = jax.random.normal(keys[2], (1, 64, 2, 32), jnp.float32)
     fn = functools.partial(jax_flash.flash_attention, causal=True)
-    loop = bench._loop_fn(fn, (q, k, v), 3, (0, 1, 2))
+    loop = timing.chained_loop(fn, (q, k, v), 3, (0, 1, 2))
     np.testing.assert_array_equal(np.asarray(loop(q, k, v)), np.asarray(jax.jit(fn)(q, k, v)))
 
     hlo = loop.lower(q, k, v).compile().as_text()
@@ -35,20 +38,20 @@ def test_loop_returns_the_call_and_updates_in_place():
 
 def test_bump_is_zero_for_finite_outputs():
     x = jnp.arange(6, dtype=jnp.bfloat16).reshape(2, 3)
-    y = bench._bump(x, bench._corner(x), jnp.isnan(jnp.float32(1.0)))
+    y = timing._bump(x, timing._corner(x), jnp.isnan(jnp.float32(1.0)))
     np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
     bt = jnp.arange(4, dtype=jnp.int32).reshape(1, 4)
     np.testing.assert_array_equal(
-        np.asarray(bench._bump(bt, bench._corner(bt), jnp.isnan(jnp.float32(2.0)))), bt
+        np.asarray(timing._bump(bt, timing._corner(bt), jnp.isnan(jnp.float32(2.0)))), bt
     )
 
 
 def test_decode_grids():
-    full = bench._decode_grid("full", "gpu", ("bfloat16",))
+    full = decode.grid_shapes("full", "gpu", ("bfloat16",))
     assert 35 <= len(full) <= 50 and len(set(full)) == len(full)
     base = [s for s in full if (s.heads_q, s.heads_kv, s.head_dim, s.page_size) == (32, 8, 128, 16)]
     bc = {(s.batch, s.ctx) for s in base if s.dtype == s.cache_dtype == "bfloat16"}
-    assert bc >= set(bench._DECODE_BC)
+    assert bc >= set(decode.BATCH_CTX)
     assert {(s.heads_q, s.heads_kv) for s in full} == {(32, 8), (32, 32), (64, 8), (28, 4)}
     assert {s.head_dim for s in full} == {64, 128, 256}
     assert {s.page_size for s in full} == {16, 64}
@@ -64,7 +67,7 @@ def test_decode_grids():
         ("float8_e4m3fn", "token"),
         ("float8_e4m3fn", "head"),
     }
-    quick = bench._decode_grid("quick", "gpu", ("bfloat16",))
+    quick = decode.grid_shapes("quick", "gpu", ("bfloat16",))
     assert {(s.cache_dtype, s.scales) for s in quick if (s.batch, s.ctx) == (64, 8192)} == {
         ("bfloat16", "token"),
         ("int8", "token"),
@@ -75,7 +78,7 @@ def test_decode_grids():
 
 
 def test_prefill_grid():
-    full = bench._grid("full", "gpu", ("bfloat16",))
+    full = prefill.grid_shapes("full", "gpu", ("bfloat16",))
     assert len(full) <= 60
     labels = {s.label() for s in full}
     for d in (64, 128, 256):
@@ -142,7 +145,7 @@ def test_decode_summary():
             (dataclasses.replace(base, cache_dtype="float8_e4m3fn", scales="head"), 190.0),
         )
     ]
-    summary = bench._decode_summary(rows, "bfloat16")
+    summary = report.decode_summary(rows, "bfloat16")
     assert summary["jax_flash_fp8_over_bf16_tokens_per_s_B64_ctx8k"] == pytest.approx(1.8)
     assert summary["jax_flash_int8_over_bf16_tokens_per_s_B64_ctx8k"] == pytest.approx(1.5)
     assert summary["jax_flash_fp8_head_over_bf16_tokens_per_s_B64_ctx8k"] == pytest.approx(1.9)
@@ -151,12 +154,144 @@ def test_decode_summary():
 
 def test_cli(monkeypatch):
     calls = []
-    monkeypatch.setattr(bench, "run_decode", lambda *a, **k: calls.append(("decode", a, k)))
-    monkeypatch.setattr(bench, "run_prefill", lambda *a, **k: calls.append(("prefill", a, k)))
+    for name in ("decode", "prefill"):
+        fake = lambda *a, name=name, **k: calls.append((name, a, k))  # noqa: E731
+        monkeypatch.setitem(cli.BENCHMARKS, name, fake)
     bench.main(["decode", "--grid", "full", "--dtype", "float16", "--out", "x"])
     bench.main(["prefill", "--skip", "xla_dpa"])
+    bench.main(["prefill", "--no-save"])
     assert calls == [
         ("decode", ("full", ("float16",), "x"), {"skip": ()}),
-        ("prefill", ("quick", ("bfloat16",), None), {"skip": ("xla_dpa",)}),
+        ("prefill", ("quick", ("bfloat16",), "bench-results"), {"skip": ("xla_dpa",)}),
+        ("prefill", ("quick", ("bfloat16",), None), {"skip": ()}),
     ]
-    assert bench._skipped("pallas_k4", ("pallas",)) and not bench._skipped("jax_flash", ("j",))
+    assert peers.skipped("pallas_k4", ("pallas",)) and not peers.skipped("jax_flash", ("j",))
+
+
+def test_cli_saves_json_and_png_by_default(monkeypatch, tmp_path, capsys):
+    """Without --out the command saves its JSON and PNG under bench-results/ in the working
+    directory and prints where (it used to write nothing unless --out was given)."""
+    pytest.importorskip("matplotlib")
+    monkeypatch.chdir(tmp_path)
+    tiny = [bench.DecodeShape(2, 64, 4, 2, 32, 16, "float32", "float32")]
+    monkeypatch.setattr(decode, "grid_shapes", lambda *a: tiny)
+    bench.main(["decode", "--skip", "jnp_gather"])
+    out = capsys.readouterr().out
+    saved = sorted(p.name for p in (tmp_path / bench.DEFAULT_OUT).iterdir())
+    assert [p.rsplit(".", 1)[1] for p in saved] == ["json", "png"], saved
+    stem = saved[0].rsplit(".", 1)[0]
+    assert f"saved {bench.DEFAULT_OUT}/{stem}.json" in out and f"{stem}.png" in out
+    result = json.loads((tmp_path / bench.DEFAULT_OUT / saved[0]).read_text())
+    assert "partial" not in result and len(result["rows"]) == 1
+
+
+def test_cli_no_save_writes_nothing(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    tiny = [bench.PrefillShape(1, 32, 2, 1, 16, True, "float32")]
+    monkeypatch.setattr(prefill, "grid_shapes", lambda *a: tiny)
+    bench.main(["prefill", "--no-save"])
+    assert list(tmp_path.iterdir()) == []
+
+
+def _row(shape, **results):
+    return {"shape": dataclasses.asdict(shape), "results": results}
+
+
+def test_decode_table_shows_only_what_was_measured(capsys):
+    """A CPU run measures no Pallas or cuDNN: their columns and the ratios against them are left
+    out (they printed `nan`), and a peer that failed on one row is a dash there."""
+    s = bench.DecodeShape(8, 1024, 8, 2, 128, 16, "bfloat16", "bfloat16")
+    jf = {"us": 1000.0, "gbps": 8.1, "tokens_per_s": 7756.0}
+    rows = [
+        _row(s, jax_flash=jf, jnp_gather={"us": 9e4, "gbps": 0.07, "tokens_per_s": 80.0}),
+        _row(dataclasses.replace(s, batch=1), jax_flash=jf, jnp_gather={"error": "skipped: x"}),
+    ]
+    report.decode_table(rows, {})
+    out = capsys.readouterr().out
+    assert "nan" not in out
+    header, first, second = out.strip().splitlines()[:3]
+    assert "gather GB/s" in header and "pallas" not in header and "cudnn" not in header
+    assert "%roof" not in header
+    assert second.split()[-1] == "-" and first.split()[-1] == "0.07"
+
+
+def test_decode_table_ratios_on_gpu_rows(capsys):
+    s = bench.DecodeShape(64, 8192, 32, 8, 128, 16, "bfloat16", "bfloat16")
+    jf = {"us": 700.0, "gbps": 3000.0, "tokens_per_s": 9e4, "pct_roofline": 94.0}
+    rows = [
+        _row(s, jax_flash=jf, pallas_best={"gbps": 2400.0}, cudnn_contiguous={"gbps": 3060.0}),
+        _row(
+            dataclasses.replace(s, cache_dtype="int8"), jax_flash=jf, pallas_best={"gbps": 1000.0}
+        ),
+    ]
+    report.decode_table(rows, {"hbm_read_gbps": 3196.0})
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].split()[-2:] == ["jf/pallas", "jf/cudnn"] and "%roof" in lines[0]
+    assert lines[1].split()[-2:] == ["1.25", "0.98"]
+    assert lines[2].split()[-2:] == ["3.00", "-"]  # no cuDNN on an int8 cache: a dash
+    assert "nan" not in "\n".join(lines) and "3196 GB/s" in lines[-1]
+
+
+def test_prefill_table_dashes(capsys):
+    s = bench.PrefillShape(1, 512, 8, 2, 128, True, "bfloat16")
+    rows = [_row(s, jax_flash={"tflops": 0.02}, xla_dpa={"error": "x"})]
+    report.prefill_table(rows, "cpu")  # jnp_reference skipped (--skip): no ratio column
+    header, line = capsys.readouterr().out.strip().splitlines()[:2]
+    assert "jf/" not in header and line.split()[-1] == "-" and "nan" not in line
+
+
+def test_decode_summary_without_pallas_has_no_nan(capsys):
+    base = bench.DecodeShape(64, 8192, 32, 8, 128, 16, "bfloat16", "bfloat16")
+    q8 = dataclasses.replace(base, cache_dtype="int8")
+    rows = [
+        _row(base, jax_flash={"tokens_per_s": 100.0}, pallas_best={"error": "skipped"}),
+        _row(q8, jax_flash={"tokens_per_s": 170.0}, pallas_best={"error": "skipped"}),
+    ]
+    summary = report.decode_summary(rows, "bfloat16")
+    assert summary == {"jax_flash_int8_over_bf16_tokens_per_s_B64_ctx8k": pytest.approx(1.7)}
+    out = capsys.readouterr().out
+    assert "jax_flash 1.70" in out and "nan" not in out and "pallas" not in out
+
+
+def test_loop_chains_integer_outputs():
+    """An integer output (sampled token ids) feeds the chain through a flag XLA cannot fold, and
+    the loop returns the call's output on the original inputs."""
+    logits = jax.random.normal(jax.random.key(1), (3, 37), jnp.float32)
+    key = jax.random.key(2)
+    fn = functools.partial(jax_flash.sample, temperature=0.8, top_k=5)
+    loop = timing.chained_loop(fn, (logits, key), 4, (0,))
+    np.testing.assert_array_equal(np.asarray(loop(logits, key)), np.asarray(fn(logits, key)))
+    t, out = bench.auto_loop_time(fn, (logits, key), chain=(0,), target=0.01)
+    assert t > 0 and out.dtype == jnp.int32 and out.shape == (3,)
+
+
+def test_median_of_runs():
+    calls = []
+
+    def run():
+        calls.append(len(calls))
+        return len(calls), 0.1 * len(calls), 2.0
+
+    result, a, b = bench.median_of_runs(run, 3)
+    assert len(calls) == 4 and result == 4  # one warm-up run, then three timed
+    assert a == pytest.approx(0.3) and b == 2.0
+
+
+def test_tools_use_only_public_helpers():
+    """Benchmarks and tools outside the package import no private name of jax_flash.bench."""
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    for path in [*root.glob("benchmarks/*.py"), *root.glob("tools/*.py")]:
+        text = path.read_text()
+        assert not re.search(r"bench\._\w", text), path
+        assert not re.search(r"from jax_flash\.bench\.\w+ import", text), path
+
+
+def test_module_entry_point_runs():
+    """`python -m jax_flash.bench --help` works (the package's __main__)."""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-m", "jax_flash.bench", "--help"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "prefill" in done.stdout and "--no-save" in done.stdout

@@ -46,7 +46,7 @@ def main(argv=None):
         a.cache or a.dtype,
         scales=a.scales,
     )
-    data = bench._make_paged(s, jax.random.key(0))
+    data = bench.make_paged(s, jax.random.key(0))
     q, kp, vp, bt, kl, ks, vs = data
     for splits in a.splits:
         f = jax.jit(
@@ -59,7 +59,7 @@ def main(argv=None):
         outs = [f(*data) for _ in range(a.calls)]
         jax.block_until_ready(outs)
         plain = (time.perf_counter() - t0) / a.calls
-        loop, _ = bench._loop_time(f, data, n=max(a.calls, 20), chain=bench._DECODE_CHAIN)
+        loop, _ = bench.loop_time(f, data, n=max(a.calls, 20), chain=bench.DECODE_CHAIN)
         print(
             f"{s.label()} splits {splits or 'default'}: plain loop {plain * 1e6:.1f} us/call, "
             f"benchmark loop {loop * 1e6:.1f} us/call, {s.kv_bytes / loop / 1e9:.0f} GB/s",

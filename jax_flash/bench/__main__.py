@@ -1,0 +1,3 @@
+from jax_flash.bench.cli import main
+
+main()
