@@ -1,14 +1,15 @@
 // Paged decode attention on tensor cores (mma.sync m16n8k16, float32 accumulation) for float16 /
 // bfloat16 q with a cache of q's dtype or an 8-bit cache (int8 / float8 e4m3, per-head or
 // per-token scales), head dims 64, 128, 256. The contract is paged_params.h's; the dispatch in
-// paged_attention.cuh sends every call it supports here (paged_use_mma): faster than the CUDA-core
-// kernel from one query row per kv head (MHA) on, as its float32 FMAs bound that kernel's speed.
+// paged_attention.cuh sends every call it supports here (policy::paged_use_mma, unless the call
+// asks for the CUDA-core kernel): faster than the CUDA-core kernel from one query row per kv head
+// (MHA) on, as its float32 FMAs bound that kernel's speed.
 //
 // One CTA of 4 warps per (sequence, kv head, split, chunk of 16 query rows): the group's rows
 // m = i * G + g (query position i, head g of the group), as in the CUDA-core kernel; rows past
 // G * Sq are zero and never written. Every K/V row read from memory serves all 16 rows.
 //
-// Copy pipeline (shared with the CUDA-core kernel through the helpers of paged_attention.cuh):
+// Copy pipeline (shared with the CUDA-core kernel through paged/common.cuh):
 // tiles of 64 or 128 keys (MmaCfg::kTK), K and V rows copied with 16-byte cp.async (L1 bypass)
 // into a ring of 3-6 shared-memory stages (MmaCfg::kStages: 2-5 tiles in flight per CTA, 1-3
 // CTAs per SM). Rows are placed through the page table one by one (any page size; tiles may
