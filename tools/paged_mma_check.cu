@@ -35,6 +35,8 @@
 
 using namespace jax_flash;
 
+static PagedLaunch g_launch;  // launch options of every call (--merge changes the merge's)
+
 #define CK(x)                                                                          \
   do {                                                                                 \
     cudaError_t e_ = (x);                                                              \
@@ -432,7 +434,6 @@ static int g_warm = 5, g_iters = 50;  // --profile: 1 and 1, tensor-core kernel 
 static bool g_mma_only = false;
 static int g_splits = 0;  // > 0: the tensor-core kernel's split count in timing rows (else the heuristic's)
 static bool g_seq_pages = false;  // --seq: each sequence's pages in order (default: shuffled)
-static PagedLaunch g_launch;  // --merge: timing rows with the merge's launch options changed
 
 template <typename T, typename TC = T>
 static void time_case(int B, int ctx, int Hq, int Hkv, int Sq, int D, int ps, int num_sms,

@@ -277,15 +277,7 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
   const int t = lane & 3;   // C-fragment column pair
 
   const PagedCta cta = paged_cta<kRows>(p, num_chunks);
-  const int kvh = cta.kvh;
-  const int mvalid = cta.mvalid;
-  const int ps = p.page_size;
-  const int32_t* bt = cta.bt;
-  if (paged_klen_bad(p, cta.klen)) {
-    paged_store_nan<T, D, kNT>(p, cta, tid);  // klen is the same for every thread: no barrier
-    return;
-  }
-
+  if (paged_reject_bad_klen<T, D, kNT>(p, cta, tid)) return;
   // ---- key range of this CTA: the union of its rows' visible keys within the split ----
   const PagedKeyRange kr = paged_key_range<kTK>(p, cta);
   const int32_t kb = kr.kb, ke = kr.ke;
@@ -299,7 +291,7 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
   int bad = 0;
   // Page-table walk: thread tid < kTK places key kb + j * kTK + tid of tile j, as a block-table
   // index and an offset in the page advanced by kTK per tile (one division, at the start).
-  const uint32_t ups = static_cast<uint32_t>(ps);
+  const uint32_t ups = static_cast<uint32_t>(p.page_size);
   const uint32_t step_q = kTK / ups, step_r = kTK - step_q * ups;
   uint32_t wkey = static_cast<uint32_t>(kb) + tid;  // < 2^31 + kTK * (ntiles + kS + 1)
   uint32_t widx = wkey / ups, woff = wkey - widx * ups;
@@ -307,7 +299,7 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
     PagedRowRef r;
     r.valid = tid < kTK && static_cast<int64_t>(wkey) < ke;
     r.off = static_cast<int32_t>(woff);
-    r.page = r.valid ? __ldg(bt + widx) : 0;
+    r.page = r.valid ? __ldg(cta.bt + widx) : 0;
     wkey += kTK;
     widx += step_q;
     woff += step_r;
@@ -329,7 +321,7 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
         paged_row_ok(pf, p, bad)
             ? (static_cast<uint32_t>(pf.page) * ups + static_cast<uint32_t>(pf.off)) *
                       static_cast<uint32_t>(p.num_heads_k) +
-                  static_cast<uint32_t>(kvh)
+                  static_cast<uint32_t>(cta.kvh)
             : 0u;
   };
 #pragma nv_diag_default 549
@@ -384,7 +376,7 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
     const int r = idx / kQCh;
     const int c = idx % kQCh;
     qv[k] = make_uint4(0u, 0u, 0u, 0u);
-    if (r < mvalid)
+    if (r < cta.mvalid)
       qv[k] = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(p.q) +
                                                    paged_q_offset<D>(p, cta, cta.m0 + r, 8 * c)));
   }
@@ -475,13 +467,13 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
   float x_scale = has_cap ? p.softcap * kLog2e : p.softmax_scale * kLog2e;
   float vscale_head = 1.f;
   if (kQ8 && p.scale_mode == ScaleMode::kPerHead) {
-    const float ks = __ldg(p.k_scale + kvh);
+    const float ks = __ldg(p.k_scale + cta.kvh);
     if (has_cap) {
       cap_in *= ks;
     } else {
       x_scale *= ks;
     }
-    vscale_head = __ldg(p.v_scale + kvh);
+    vscale_head = __ldg(p.v_scale + cta.kvh);
   }
   if (has_cap) {
     cap_in = ldexpf(cap_in, q_sh);
@@ -774,8 +766,8 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
     const int r = g + 8 * hf;
     const float mref = paged_final_max<C::kWarps, kRows>(wm_s, r);
     const float f = fast_exp2(m_ref[hf] - mref) * (per_token ? v_ref : 1.f);
-    // padding rows (r >= mvalid: 12 of the 16 in GQA-4 decode) are never read
-    if (r < mvalid) {
+    // padding rows (r >= cta.mvalid: 12 of the 16 in GQA-4 decode) are never read
+    if (r < cta.mvalid) {
       if constexpr (kQ8) {  // undo the column permutation of the 8-bit V path
         float* dst = red_s + (warp * kRows + r) * C::kRedStride;
 #pragma unroll

@@ -173,6 +173,16 @@ __device__ __forceinline__ void paged_store_nan(const PagedAttentionParams& p, c
   }
 }
 
+// A kv length outside [0, max_pages * page_size] makes the whole sequence bad: NaN in the CTA's
+// rows, and true (the kernel returns; klen is the same for every thread: no barrier needed).
+template <typename TQ, int D, int kNT>
+__device__ __forceinline__ bool paged_reject_bad_klen(const PagedAttentionParams& p,
+                                                      const PagedCta& c, int tid) {
+  if (!paged_klen_bad(p, c.klen)) return false;
+  paged_store_nan<TQ, D, kNT>(p, c, tid);
+  return true;
+}
+
 // Keys of a CTA: the union of its rows' visible keys within its split, [kb, ke) in ntiles tiles
 // of kTK; the visible ranges of its first and last rows (rows are ordered by query position and
 // the ranges are non-decreasing in it).

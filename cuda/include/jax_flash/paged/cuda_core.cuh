@@ -120,18 +120,8 @@ __global__ void __launch_bounds__(Cfg<TC, D, MT, kStagesReq>::kThreadsCTA,
   const int mbase = mg * kMTL;           // first CTA row of the m-group
 
   const PagedCta cta = paged_cta<MT>(p, num_chunks);
-  const int kvh = cta.kvh;
-  const int mvalid = cta.mvalid;
-  const int ps = p.page_size;
-  const int32_t* bt = cta.bt;
-
-  // ---- kv length; a bad one makes the whole sequence NaN at once ----
-  if (paged_klen_bad(p, cta.klen)) {
-    paged_store_nan<TQ, D, kNT>(p, cta, tid);  // klen is the same for every thread: no barrier
-    return;
-  }
-
-  // ---- visible key range of this CTA ----
+  if (paged_reject_bad_klen<TQ, D, kNT>(p, cta, tid)) return;
+  // ---- key range of this CTA: the union of its rows' visible keys within the split ----
   const PagedKeyRange kr = paged_key_range<kTK>(p, cta);
   const int32_t kb = kr.kb, ke = kr.ke;
   const int ntiles = kr.ntiles;
@@ -147,10 +137,10 @@ __global__ void __launch_bounds__(Cfg<TC, D, MT, kStagesReq>::kThreadsCTA,
   int bad = 0;
   PagedRowRef pf;  // the page of this thread's row of the next tile to place
   auto prefetch_row = [&](int T) {
-    pf = paged_row_ref(bt, static_cast<int64_t>(kb) + static_cast<int64_t>(T) * kTK + tid, ke,
-                       ps, true);
+    pf = paged_row_ref(cta.bt, static_cast<int64_t>(kb) + static_cast<int64_t>(T) * kTK + tid, ke,
+                       p.page_size, true);
   };
-  auto store_row = [&](int slot) { offs_s[slot * kTK + tid] = paged_row_index(pf, p, kvh, bad); };
+  auto store_row = [&](int slot) { offs_s[slot * kTK + tid] = paged_row_index(pf, p, cta.kvh, bad); };
   auto issue = [&](int slot) {
     const int64_t* offs = offs_s + slot * kTK;
     unsigned char* kdst = kv_s + slot * C::kStageBytes;
@@ -178,13 +168,13 @@ __global__ void __launch_bounds__(Cfg<TC, D, MT, kStagesReq>::kThreadsCTA,
   PagedRowRef ref0[kS + 1];
 #pragma unroll
   for (int T = 0; T <= kS; ++T)
-    ref0[T] = paged_row_ref(bt, static_cast<int64_t>(kb) + static_cast<int64_t>(T) * kTK + tid,
-                            ke, ps, tid < kTK);
+    ref0[T] = paged_row_ref(cta.bt, static_cast<int64_t>(kb) + static_cast<int64_t>(T) * kTK + tid,
+                            ke, p.page_size, tid < kTK);
   float qscale = p.softmax_scale * (has_cap ? 1.f / p.softcap : kLog2e);
   float vscale_head = 1.f;
   if (p.scale_mode == ScaleMode::kPerHead) {
-    qscale *= __ldg(p.k_scale + kvh);
-    vscale_head = __ldg(p.v_scale + kvh);
+    qscale *= __ldg(p.k_scale + cta.kvh);
+    vscale_head = __ldg(p.v_scale + cta.kvh);
   }
   const float cap2 = p.softcap * kLog2e;
   constexpr int kQIt = (MT * (D / 4) + kNT - 1) / kNT;
@@ -195,7 +185,7 @@ __global__ void __launch_bounds__(Cfg<TC, D, MT, kStagesReq>::kThreadsCTA,
     const int m = idx / (D / 4);
     const int d4 = idx - m * (D / 4);
     qv[k] = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (m < mvalid)
+    if (m < cta.mvalid)
       qv[k] = load4_q<TQ>(static_cast<const TQ*>(p.q) + paged_q_offset<D>(p, cta, cta.m0 + m, 4 * d4));
   }
   paged_place_first_rows<kS, kTK>(tid, ntiles, ref0, pf, store_row);
