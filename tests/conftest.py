@@ -32,17 +32,20 @@ def _cuda_skip_reason():
 
 CUDA_SKIP = _cuda_skip_reason()
 
-PLATFORMS = [
-    "cpu",
-    pytest.param("cuda", marks=pytest.mark.skipif(CUDA_SKIP is not None, reason=str(CUDA_SKIP))),
-]
+_ON_GPU = pytest.mark.skipif(CUDA_SKIP is not None, reason=str(CUDA_SKIP))
+PLATFORMS = ["cpu", pytest.param("cuda", marks=_ON_GPU)]
+# The paged decode attention has two CUDA kernels; tests of it run each one (PagedLaunch).
+PAGED_KERNELS = ("cuda_core", "tensor_core")
+KERNEL_PLATFORMS = ["cpu"] + [pytest.param(f"cuda:{k}", marks=_ON_GPU) for k in PAGED_KERNELS]
 
 
 class Platform:
-    """Where a test runs: the device to place inputs on and the implementation to ask for."""
+    """Where a test runs: the device to place inputs on and the implementation to ask for;
+    `kernel`: the paged decode kernel asked for (None: the default choice)."""
 
-    def __init__(self, name):
+    def __init__(self, name, kernel=None):
         self.name = name
+        self.kernel = kernel
         self.device = jax.devices("cpu")[0] if name == "cpu" else _gpu_devices()[0]
 
     def put(self, *xs):
@@ -50,12 +53,19 @@ class Platform:
         return out if len(out) > 1 else out[0]
 
     def __repr__(self):
-        return self.name
+        return self.name if self.kernel is None else f"{self.name}:{self.kernel}"
 
 
 @pytest.fixture(params=PLATFORMS)
 def platform(request):
     return Platform(request.param)
+
+
+@pytest.fixture(params=KERNEL_PLATFORMS)
+def kernel_platform(request):
+    """As `platform`, with the CUDA platform once per paged decode kernel."""
+    name, _, kernel = request.param.partition(":")
+    return Platform(name, kernel or None)
 
 
 @pytest.fixture

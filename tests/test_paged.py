@@ -10,6 +10,7 @@ from jax.experimental import checkify
 
 import jax_flash
 from jax_flash import reference
+from jax_flash.primitives.paged_attention import PagedLaunch, policy
 
 from _util import DTYPES, randn, rel_err, tolerance
 
@@ -36,9 +37,37 @@ def make_cache(rng, kv_lens, page_size, Hkv, D, dtype, spare=3):
     return k_pages, v_pages, jnp.asarray(bt), jnp.asarray(kv_lens)
 
 
+def _launch(platform, q, k_pages, k_scale=None):
+    """The keyword that asks paged_attention for the platform's CUDA kernel ({} for the default).
+    The tensor-core kernel asked for a call it does not take must raise: checked here, then the
+    test is skipped."""
+    if platform.kernel is None:
+        return {}
+    launch = {"_launch": PagedLaunch(kernel=platform.kernel)}
+    mode = 0 if k_scale is None else 1 if k_scale.ndim == 1 else 2
+    P, page, Hkv, D = k_pages.shape
+    supported = policy.paged_mma_supported(
+        q.dtype.name, k_pages.dtype.name, mode, D, D, P, page, Hkv
+    )
+    if platform.kernel == "tensor_core" and not supported:
+        scales = {} if k_scale is None else {"k_scale": k_scale, "v_scale": k_scale}
+        bt = jnp.zeros((q.shape[0], 1), jnp.int32)
+        kl = jnp.zeros((q.shape[0],), jnp.int32)
+        with pytest.raises(ValueError, match="tensor-core kernel was asked for"):
+            jax_flash.paged_attention(q, k_pages, k_pages, bt, kl, **scales, **launch)
+        pytest.skip(
+            f"the tensor-core kernel does not take q {q.dtype} with a {k_pages.dtype} cache"
+        )
+    return launch
+
+
 def _check(platform, rng, q, k_pages, v_pages, bt, lens, *, k_scale=None, v_scale=None, **opts):
     fn = functools.partial(
-        jax_flash.paged_attention, return_lse=True, implementation=platform.name, **opts
+        jax_flash.paged_attention,
+        return_lse=True,
+        implementation=platform.name,
+        **_launch(platform, q, k_pages, k_scale),
+        **opts,
     )
     scales = {} if k_scale is None else {"k_scale": k_scale, "v_scale": v_scale}
     put = {n: platform.put(x) for n, x in scales.items()}
@@ -71,11 +100,11 @@ def _check(platform, rng, q, k_pages, v_pages, bt, lens, *, k_scale=None, v_scal
 
 
 @pytest.mark.parametrize("page_size", [1, 8, 16, 32, 64, 128, 256])
-def test_page_sizes(platform, rng, page_size):
+def test_page_sizes(kernel_platform, rng, page_size):
     lens = [0, 1, page_size - 1 or 1, page_size + 1, 700]
     kp, vp, bt, kl = make_cache(rng, lens, page_size, 2, 64, jnp.bfloat16)
     q = randn(rng, (len(lens), 8, 64), jnp.bfloat16)
-    o, _ = _check(platform, rng, q, kp, vp, bt, kl)
+    o, _ = _check(kernel_platform, rng, q, kp, vp, bt, kl)
     assert np.all(o[0] == 0), "kv_len 0 gives zeros"
 
 
@@ -83,13 +112,13 @@ def test_page_sizes(platform, rng, page_size):
 @pytest.mark.parametrize("sq", [1, 4])
 @pytest.mark.parametrize("group", [1, 3, 4, 7])
 @pytest.mark.parametrize("dtype", list(DTYPES))
-def test_gqa_queries_splits(platform, rng, group, sq, num_splits, dtype):
+def test_gqa_queries_splits(kernel_platform, rng, group, sq, num_splits, dtype):
     Hkv, D = 2, 128
     lens = [5, 16, 97, 333]
     kp, vp, bt, kl = make_cache(rng, lens, 16, Hkv, D, DTYPES[dtype])
     shape = (len(lens), Hkv * group, D) if sq == 1 else (len(lens), sq, Hkv * group, D)
     q = randn(rng, shape, DTYPES[dtype])
-    _check(platform, rng, q, kp, vp, bt, kl, num_splits=num_splits)
+    _check(kernel_platform, rng, q, kp, vp, bt, kl, num_splits=num_splits)
 
 
 @pytest.mark.parametrize(
@@ -102,28 +131,33 @@ def test_gqa_queries_splits(platform, rng, group, sq, num_splits, dtype):
     ],
     ids=str,
 )
-def test_options(platform, rng, opts):
+def test_options(kernel_platform, rng, opts):
     kp, vp, bt, kl = make_cache(rng, [2, 50, 300], 16, 4, 64, jnp.float16)
     q = randn(rng, (3, 4, 8, 64), jnp.float16)
-    _check(platform, rng, q, kp, vp, bt, kl, num_splits=2, **opts)
+    _check(kernel_platform, rng, q, kp, vp, bt, kl, num_splits=2, **opts)
 
 
-def test_fixed_split_is_deterministic(platform, rng):
+def test_fixed_split_is_deterministic(kernel_platform, rng):
     kp, vp, bt, kl = make_cache(rng, [4000, 3000], 16, 2, 128, jnp.bfloat16)
     q = randn(rng, (2, 8, 128), jnp.bfloat16)
     fn = jax.jit(
-        functools.partial(jax_flash.paged_attention, num_splits=7, implementation=platform.name)
+        functools.partial(
+            jax_flash.paged_attention,
+            num_splits=7,
+            implementation=kernel_platform.name,
+            **_launch(kernel_platform, q, kp),
+        )
     )
-    args = platform.put(q, kp, vp, bt, kl)
+    args = kernel_platform.put(q, kp, vp, bt, kl)
     a, b = np.asarray(fn(*args)), np.asarray(fn(*args))
     np.testing.assert_array_equal(a, b)
-    _check(platform, rng, q, kp, vp, bt, kl, num_splits=7)
-    _check(platform, rng, q, kp, vp, bt, kl)  # the heuristic's choice
+    _check(kernel_platform, rng, q, kp, vp, bt, kl, num_splits=7)
+    _check(kernel_platform, rng, q, kp, vp, bt, kl)  # the heuristic's choice
 
 
 @pytest.mark.parametrize("per_token", [False, True])
 @pytest.mark.parametrize("cache_dtype", ["int8", "float8_e4m3fn"])
-def test_quantized_cache(platform, rng, cache_dtype, per_token):
+def test_quantized_cache(kernel_platform, rng, cache_dtype, per_token):
     cdt = jnp.dtype(cache_dtype)
     lens = [1, 31, 200]
     kf, vf, bt, kl = make_cache(rng, lens, 16, 2, 64, jnp.bfloat16)
@@ -138,7 +172,7 @@ def test_quantized_cache(platform, rng, cache_dtype, per_token):
         kq = reference.quantize(kf, ks[:, None], cdt)
         vq = reference.quantize(vf, vs[:, None], cdt)
     q = randn(rng, (3, 8, 64), jnp.bfloat16)
-    o, _ = _check(platform, rng, q, kq, vq, bt, kl, k_scale=ks, v_scale=vs, num_splits=2)
+    o, _ = _check(kernel_platform, rng, q, kq, vq, bt, kl, k_scale=ks, v_scale=vs, num_splits=2)
     # Against the unquantized bf16 cache: the quantisation error itself.
     exact = reference.paged_attention(q.astype(jnp.float32), kf, vf, bt, kl)
     qerr = rel_err(o, exact)
@@ -148,7 +182,7 @@ def test_quantized_cache(platform, rng, cache_dtype, per_token):
 @pytest.mark.parametrize("cap", [None, 5.0])
 @pytest.mark.parametrize("q_mag", [1e-6, 3e4])
 @pytest.mark.parametrize("cache_dtype", ["int8", "float8_e4m3fn"])
-def test_quantized_cache_wide_ranges(platform, rng, cache_dtype, q_mag, cap):
+def test_quantized_cache_wide_ranges(kernel_platform, rng, cache_dtype, q_mag, cap):
     """bfloat16 q far outside float16's range (the CUDA kernel runs Q K^T in float16 on a
     rescaled q) and per-token V scales spanning 10^6 (P V runs in float16 against a running
     reference scale)."""
@@ -167,17 +201,17 @@ def test_quantized_cache_wide_ranges(platform, rng, cache_dtype, q_mag, cap):
     opts = {"softmax_scale": 1.0 / (q_mag * np.sqrt(D))}
     if cap is not None:
         opts["logits_soft_cap"] = cap
-    _check(platform, rng, q, kq, vq, bt, kl, k_scale=ks, v_scale=vs, **opts)
+    _check(kernel_platform, rng, q, kq, vq, bt, kl, k_scale=ks, v_scale=vs, **opts)
 
 
-def test_bad_data_gives_nan_for_that_sequence_only(platform, rng):
+def test_bad_data_gives_nan_for_that_sequence_only(kernel_platform, rng):
     kp, vp, bt, kl = make_cache(rng, [40, 40, 40, 40, 40], 16, 2, 64, jnp.float32)
     P = kp.shape[0]
     bt = bt.at[1, 1].set(P + 1000).at[2, 0].set(-5)  # invalid ids among the used pages
     bt = bt.at[0, 3].set(10**6)  # an invalid id past the used pages is never read: fine
     kl = kl.at[3].set(10**6).at[4].set(-1)  # beyond capacity, negative
     q = randn(rng, (5, 4, 64), jnp.float32)
-    o, _ = _check(platform, rng, q, kp, vp, bt, kl, num_splits=2)
+    o, _ = _check(kernel_platform, rng, q, kp, vp, bt, kl, num_splits=2)
     assert np.all(np.isfinite(o[0]))
     assert np.all(np.isnan(o[1:]))
 
@@ -194,7 +228,7 @@ def test_bad_data_gives_nan_for_that_sequence_only(platform, rng):
 
 
 @pytest.mark.parametrize("cache_dtype", ["bfloat16", "float8_e4m3fn"])
-def test_empty_cache_gives_nan(platform, rng, cache_dtype):
+def test_empty_cache_gives_nan(kernel_platform, rng, cache_dtype):
     """A cache of no pages: every id is invalid, so sequences with keys get NaN, and no kernel
     reads the (empty) cache."""
     kp = jnp.zeros((0, 16, 2, 64), cache_dtype)
@@ -205,23 +239,28 @@ def test_empty_cache_gives_nan(platform, rng, cache_dtype):
     bt = jnp.zeros((3, 4), jnp.int32)
     kl = jnp.array([5, 64, 17], jnp.int32)
     q = randn(rng, (3, 8, 64), jnp.bfloat16)  # (no page: the CUDA-core kernel takes it)
-    fn = functools.partial(jax_flash.paged_attention, implementation=platform.name)
-    put = {n: platform.put(x) for n, x in scales.items()}
-    o = jax.jit(functools.partial(fn, **put))(*platform.put(q, kp, kp, bt, kl))
+    fn = functools.partial(
+        jax_flash.paged_attention,
+        implementation=kernel_platform.name,
+        **_launch(kernel_platform, q, kp, scales.get("k_scale")),
+    )
+    put = {n: kernel_platform.put(x) for n, x in scales.items()}
+    o = jax.jit(functools.partial(fn, **put))(*kernel_platform.put(q, kp, kp, bt, kl))
     assert np.all(np.isnan(np.asarray(o, np.float32)))
 
 
-def test_vmap(platform, rng):
+def test_vmap(kernel_platform, rng):
     kp, vp, bt, kl = make_cache(rng, [9, 70, 33], 16, 2, 64, jnp.float32)
     qs = randn(rng, (4, 3, 6, 64), jnp.float32)
 
-    def attn(impl, q, kp, vp, bt, kl):
-        return jax_flash.paged_attention(q, kp, vp, bt, kl, num_splits=2, implementation=impl)
+    launch = _launch(kernel_platform, qs[0], kp)
+
+    def attn(impl, q, kp, vp, bt, kl, **kw):
+        return jax_flash.paged_attention(q, kp, vp, bt, kl, num_splits=2, implementation=impl, **kw)
 
     def run(in_axes, *args):
-        out = jax.jit(jax.vmap(functools.partial(attn, platform.name), in_axes=in_axes))(
-            *platform.put(*args)
-        )
+        attn_p = functools.partial(attn, kernel_platform.name, **launch)
+        out = jax.jit(jax.vmap(attn_p, in_axes=in_axes))(*kernel_platform.put(*args))
         ref = jax.vmap(functools.partial(attn, "xla"), in_axes=in_axes)(*_cpu(*args))
         assert rel_err(out, ref) <= tolerance(jnp.float32, 0.0)
 
@@ -232,6 +271,69 @@ def test_vmap(platform, rng):
     kps, vps = jnp.stack([kp, kp * 2, -kp]), jnp.stack([vp, vp + 1, vp])
     kls = jnp.stack([kl, kl // 2, kl.at[0].set(0)])
     run((0, 0, 0, None, 0), qs[:3], kps, vps, bt, kls)  # separate caches
+
+
+@pytest.mark.parametrize("sq", [1, 3])
+@pytest.mark.parametrize("implementation", [None, "cpu", "xla"])
+def test_empty_batch(rng, implementation, sq):
+    """B = 0 gives empty results on every path (the split heuristic divided by the CTA count)."""
+    kp, vp, bt, kl = make_cache(rng, [5], 16, 2, 64, jnp.float32)
+    q = randn(rng, (0, sq, 4, 64), jnp.float32)
+    o, lse = jax_flash.paged_attention(
+        q, kp, vp, bt[:0], kl[:0], return_lse=True, implementation=implementation
+    )
+    assert o.shape == (0, sq, 4, 64) and lse.shape == (0, 4, sq)
+
+
+@pytest.mark.parametrize("opts", [{}, {"sliding_window": (5, 0)}], ids=str)
+def test_masked_keys_contribute_nothing(rng, opts):
+    """A NaN in v at a key that a query row cannot see (causal: past the row's position; window:
+    before its start, in the same tile as visible keys) leaves that row finite on the CPU
+    kernel; rows that see the key get NaN."""
+    Sq, Hkv, G, D, page = 4, 2, 3, 64, 8
+    lens = [23, 41]
+    kp, vp, bt, kl = make_cache(rng, lens, page, Hkv, D, jnp.float32)
+    q = randn(rng, (len(lens), Sq, Hkv * G, D), jnp.float32)
+    bad = [(0, lens[0] - 1), (1, lens[1] - 2)]  # seen by the last 1 / 2 rows only (causal)
+    if opts:
+        bad = [(0, lens[0] - Sq - 5), (1, lens[1] - Sq - 4)]  # before the later rows' windows
+    vp_nan, vp_zero = np.array(vp), np.array(vp)
+    for b, t in bad:
+        page_id, off = int(bt[b, t // page]), t % page
+        vp_nan[page_id, off] = np.nan
+        vp_zero[page_id, off] = 0.0
+    o = jax_flash.paged_attention(q, kp, jnp.asarray(vp_nan), bt, kl, implementation="cpu", **opts)
+    ref = reference.paged_attention(q, kp, jnp.asarray(vp_zero), bt, kl, **opts)
+    o, ref = np.asarray(o), np.asarray(ref)
+    for b, t in bad:
+        for i in range(Sq):
+            lo, hi = 0, lens[b] - Sq + i + 1  # keys [lo, hi) visible to query position i
+            if opts:
+                lo = hi - 1 - opts["sliding_window"][0]
+            if lo <= t < hi:
+                assert np.all(np.isnan(o[b, i])), (b, i)
+            else:
+                assert np.all(np.isfinite(o[b, i])), (b, i)
+                err = rel_err(o[b, i], ref[b, i])
+                assert err <= tolerance(jnp.float32, 0.0), (b, i, err)
+
+
+def test_launch_options(rng):
+    """The private launch options: a kernel name is checked, and asking for the tensor-core
+    kernel where it cannot run raises instead of running the other kernel."""
+    kp, vp, bt, kl = make_cache(rng, [9], 16, 2, 64, jnp.float32)
+    q = randn(rng, (1, 4, 64), jnp.float32)
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        jax_flash.paged_attention(q, kp, vp, bt, kl, _launch=PagedLaunch(kernel="tensor"))
+    with pytest.raises(ValueError, match="tensor-core kernel was asked for.*float32"):
+        jax_flash.paged_attention(q, kp, vp, bt, kl, _launch=PagedLaunch(kernel="tensor_core"))
+    with pytest.raises(TypeError, match="PagedLaunch"):
+        jax_flash.paged_attention(q, kp, vp, bt, kl, _launch="cuda_core")
+    # Launch options change nothing on the CPU kernel.
+    ref = jax_flash.paged_attention(q, kp, vp, bt, kl, implementation="cpu")
+    for launch in (PagedLaunch("cuda_core", pdl=False), PagedLaunch("auto", merge_pdl=False)):
+        o = jax_flash.paged_attention(q, kp, vp, bt, kl, implementation="cpu", _launch=launch)
+        np.testing.assert_array_equal(np.asarray(o), np.asarray(ref))
 
 
 # ---------------------------------------------------------------------------------------------

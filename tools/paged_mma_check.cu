@@ -35,6 +35,8 @@
 
 using namespace jax_flash;
 
+static PagedLaunch g_launch;  // launch options of every call (--merge changes the merge's)
+
 #define CK(x)                                                                          \
   do {                                                                                 \
     cudaError_t e_ = (x);                                                              \
@@ -93,7 +95,7 @@ enum Kernel { kSimt = 0, kMma = 1 };
 template <typename T, typename TC = T>
 static cudaError_t run_kernel(Kernel k, const PagedAttentionParams& p, cudaStream_t s) {
   const int64_t rows = static_cast<int64_t>(p.num_heads / p.num_heads_k) * p.seqlen_q;
-  const int mt = paged::paged_rows_per_cta(rows);
+  const int mt = policy::paged_rows_per_cta(rows);
 #define JF_SIMT(D)                                                                          \
   if (p.head_dim == D) {                                                                    \
     if (k == kMma) return paged::launch_paged_attention_mma<T, D, TC>(p, s);                \
@@ -147,6 +149,7 @@ static PagedAttentionParams make_params(const Dev& d, int B, int Sq, int Hq, int
   p.page_size = ps;
   p.max_pages = max_pages;
   p.num_splits = splits;
+  p.launch = g_launch;
   p.softmax_scale = 1.f / std::sqrt(static_cast<float>(D));
   p.softcap = softcap;
   p.window_left = wl;
@@ -448,13 +451,10 @@ static void time_case(int B, int ctx, int Hq, int Hkv, int Sq, int D, int ps, in
   const size_t nkv = static_cast<size_t>(num_pages) * ps * Hkv * D;
   const int G = Hq / Hkv;
   int splits[2];
-  for (int k = 0; k < 2; ++k) {
-    paged::paged_mma_mode() = k;  // 0: CUDA-core kernel's heuristic, 1: tensor-core kernel's
-    splits[k] = paged_num_splits_heuristic(B, Hkv, G, Sq, int64_t(max_pages) * ps, num_sms, D,
-                                           true, static_cast<int>(sizeof(TC)));
-  }
+  for (int k = 0; k < 2; ++k)  // 0: the CUDA-core kernel's split count, 1: the tensor-core one's
+    splits[k] = policy::paged_num_splits(B, Hkv, G, Sq, int64_t(max_pages) * ps, num_sms, D,
+                                         k == 1, static_cast<int>(sizeof(TC)));
   if (g_splits > 0) splits[1] = g_splits;
-  paged::paged_mma_mode() = -1;
   const int max_s = std::max(splits[0], splits[1]);
   Dev d;
   CK(cudaMalloc(&d.q, nq * sizeof(T)));
@@ -594,13 +594,13 @@ int main(int argc, char** argv) {
     std::printf("-- merged (programmatic dependent launch)\n");
     rows();
     std::printf("-- merged (ordinary launch)\n");
-    paged::merge_pdl_enabled() = false;
+    g_launch.merge_pdl = false;
     rows();
     std::printf("-- attention grid alone (no merge)\n");
-    paged::merge_pdl_enabled() = true;
-    paged::merge_enabled() = false;
+    g_launch.merge_pdl = true;
+    g_launch.merge = false;
     rows();
-    paged::merge_enabled() = true;
+    g_launch.merge = true;
     std::printf("-- split counts around the heuristic's (merged)\n");
     for (int sp : {8, 16, 32, 64, 128}) {
       g_splits = sp;
@@ -749,9 +749,8 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("correctness: %s\n", ok ? "ALL PASS" : "SOME FAILED");
-  std::printf("default dispatch of supported calls: %s (JAX_FLASH_PAGED_MMA=%s)\n",
-              paged::paged_use_mma(true) ? "mma" : "simt",
-              std::getenv("JAX_FLASH_PAGED_MMA") ? std::getenv("JAX_FLASH_PAGED_MMA") : "unset");
+  std::printf("default dispatch of supported calls: %s\n",
+              policy::paged_use_mma(true, PagedKernel::kAuto) ? "mma" : "simt");
   if (no_timing) return ok ? 0 : 1;
   if (!q8_only) {
     std::printf("timing (bf16, median of 50, K+V bytes / time; each kernel with its own split "

@@ -675,10 +675,27 @@ JF_INLINE void item_impl(const Plan& pl, const Item& it, float* JF_RESTRICT scra
     for (int r = M; r < Mp; ++r)
       std::fill(S + int64_t(r) * kTileN, S + int64_t(r) * kTileN + n, 0.0f);
 
-    // acc += P V.
-    for (int r0 = 0; r0 < Mp; r0 += MB)
-      pv_range<W, MB, NV>(S + int64_t(r0) * kTileN, kTileN, vrow, n, Acc + int64_t(r0) * Dvp,
-                          Dvp, 0, Dvp / W);
+    // acc += P V. A key a row cannot see must contribute nothing, not 0 * V (NaN for a NaN or
+    // inf in V): a block of rows of which one sees only part of the tile's keys (causal or
+    // window edge) adds each row's visible keys [lo - t0, hi - t0) alone.
+    for (int r0 = 0; r0 < Mp; r0 += MB) {
+      bool partial = false;
+      for (int r = r0; r < std::min(r0 + MB, M); ++r)
+        partial |= lo[r / G] > t0 || hi[r / G] < t0 + n;
+      if (!partial) {
+        pv_range<W, MB, NV>(S + int64_t(r0) * kTileN, kTileN, vrow, n, Acc + int64_t(r0) * Dvp,
+                            Dvp, 0, Dvp / W);
+        continue;
+      }
+      // Padding rows (M..Mp) are skipped: their accumulators are never read.
+      for (int r = r0; r < std::min(r0 + MB, M); ++r) {
+        const int jl = static_cast<int>(std::clamp<int64_t>(lo[r / G] - t0, 0, n));
+        const int jh = static_cast<int>(std::clamp<int64_t>(hi[r / G] - t0, 0, n));
+        if (jl < jh)
+          pv_range<W, 1, NV>(S + int64_t(r) * kTileN + jl, kTileN, vrow + jl, jh - jl,
+                             Acc + int64_t(r) * Dvp, Dvp, 0, Dvp / W);
+      }
+    }
   }
 
   write_item_rows(pl, it, Acc, Dvp, mrow, lrow, per_head ? p.v_scale[hk] : 1.0f);

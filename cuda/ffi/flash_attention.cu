@@ -9,6 +9,7 @@
 #include "registry.h"
 #include "jax_flash/flash_attention_common.cuh"
 #include "jax_flash/flash_attention_mma.cuh"
+#include "jax_flash/policy/limits.h"
 
 namespace jax_flash {
 
@@ -39,7 +40,7 @@ cudaError_t dispatch_head_dim(const FlashParams& p, cudaStream_t stream) {
 }  // namespace
 
 // Largest head dim (of q/k and of v) the CUDA kernels take.
-constexpr int kMaxCudaHeadDim = 256;
+constexpr int kMaxCudaHeadDim = policy::kFlashMaxHeadDim;
 
 }  // namespace jax_flash
 

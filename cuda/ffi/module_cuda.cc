@@ -2,4 +2,4 @@
 // static CUDA runtime, so importing it needs no libcudart (and no GPU).
 #include "module.h"
 
-JAX_FLASH_FFI_MODULE(_cuda)
+NB_MODULE(_cuda, m) { jax_flash::def_registrations(m); }

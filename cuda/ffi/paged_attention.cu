@@ -19,15 +19,15 @@ static ffi::Error PagedAttentionCuda(
     ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::Buffer<ffi::F32>> lse,
     ffi::Result<ffi::Buffer<ffi::F32>> o_partial, ffi::Result<ffi::Buffer<ffi::F32>> lse_partial,
     float softmax_scale, float softcap, int32_t window_left, int32_t window_right,
-    int32_t num_splits, int32_t scale_mode) {
+    int32_t num_splits, int32_t scale_mode, int32_t kernel, int32_t pdl, int32_t merge_pdl) {
   constexpr const char* op = "paged_attention";
   PagedAttentionParams p{};
   ffi::Error err = make_paged_attention_params(
       q, k_pages, v_pages, k_scale, v_scale, block_tables, kv_lens, o, lse, o_partial,
       lse_partial, softmax_scale, softcap, window_left, window_right, num_splits, scale_mode,
-      /*check_partials=*/true, &p);
+      kernel, pdl, merge_pdl, /*check_partials=*/true, &p);
   if (err.failure()) return err;
-  if (p.head_dim != p.head_dim_v || (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256))
+  if (!policy::paged_head_dim_supported(p.head_dim, p.head_dim_v))
     return invalid(op, "the CUDA kernel takes head dims 64, 128 or 256 with D == Dv, got q " +
                            dims_str(q.dimensions()) + " and v_pages " +
                            dims_str(v_pages.dimensions()) + " (D = " +
@@ -38,12 +38,17 @@ static ffi::Error PagedAttentionCuda(
                            std::to_string(paged::kMaxMergeSplits) + ", got " +
                            std::to_string(p.num_splits));
   const int64_t rows = static_cast<int64_t>(p.num_heads / p.num_heads_k) * p.seqlen_q;
-  const int64_t mt = paged::paged_rows_per_cta(rows);
+  const int64_t mt = policy::paged_rows_per_cta(rows);
   const int64_t chunks = (rows + mt - 1) / mt;
   if (static_cast<int64_t>(p.batch) * p.num_heads_k * p.num_splits * chunks > INT32_MAX)
     return invalid(op, "too many CTAs: B * Hkv * num_splits * ceil(Hq / Hkv * Sq / 16) must be "
                        "< 2^31, got q " + dims_str(q.dimensions()) + ", num_splits " +
                            std::to_string(p.num_splits));
+  if (p.launch.kernel == PagedKernel::kTensorCore && !paged::paged_mma_supported(p))
+    return invalid(op, "the tensor-core kernel was asked for, but it takes only float16 / "
+                       "bfloat16 q with a cache of q's dtype or a scaled int8 / float8_e4m3fn "
+                       "cache, D == Dv in 64, 128, 256, 1 to 2^32 - 1 cache rows of Hkv heads "
+                       "and q 16-byte aligned");
   if (!paged_attention_cuda_supported(p))
     return invalid(op, "unsupported combination of dtypes, head dims and scale mode");
   const cudaError_t status = paged_attention_cuda(p, stream);

@@ -165,7 +165,9 @@ inline ffi::Error check_cache(const char* op, const ffi::AnyBuffer& k_pages,
 //   args  q [B,Sq,Hq,D], k_pages, v_pages, k_scale, v_scale, block_tables [B,max_pages] int32,
 //         kv_lens [B] int32
 //   rets  o [B,Sq,Hq,Dv] (q's dtype), lse [B,Hq,Sq] f32, o_partial, lse_partial f32
-//   attrs softmax_scale, softcap (f32), window_left, window_right, num_splits, scale_mode (i32)
+//   attrs softmax_scale, softcap (f32), window_left, window_right, num_splits, scale_mode,
+//         kernel (PagedKernel), pdl, merge_pdl (0 / 1) (i32; the last three: PagedLaunch, read
+//         by the CUDA launchers only)
 // check_partials: require o_partial [num_splits,B,Sq,Hq,Dv] and lse_partial [num_splits,B,Hq,Sq]
 // when num_splits > 1 (the CUDA kernel uses them; the CPU kernel does not).
 inline ffi::Error make_paged_attention_params(
@@ -174,8 +176,12 @@ inline ffi::Error make_paged_attention_params(
     ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::Buffer<ffi::F32>> lse,
     ffi::Result<ffi::Buffer<ffi::F32>> o_partial, ffi::Result<ffi::Buffer<ffi::F32>> lse_partial,
     float softmax_scale, float softcap, int32_t window_left, int32_t window_right,
-    int32_t num_splits, int32_t scale_mode, bool check_partials, PagedAttentionParams* p) {
+    int32_t num_splits, int32_t scale_mode, int32_t kernel, int32_t pdl, int32_t merge_pdl,
+    bool check_partials, PagedAttentionParams* p) {
   constexpr const char* op = "paged_attention";
+  if (kernel < 0 || kernel > 2)
+    return invalid(op, "kernel must be 0 (auto), 1 (CUDA cores) or 2 (tensor cores), got " +
+                           std::to_string(kernel));
   const auto qd = q.dimensions();
   if (qd.size() != 4) return invalid(op, "q has shape " + dims_str(qd) + ", expected [B, Sq, Hq, D]");
   DType dt;
@@ -252,6 +258,9 @@ inline ffi::Error make_paged_attention_params(
   p->dtype = dt;
   p->cache_dtype = g.cache_dtype;
   p->scale_mode = g.scale_mode;
+  p->launch.kernel = static_cast<PagedKernel>(kernel);
+  p->launch.pdl = pdl != 0;
+  p->launch.merge_pdl = merge_pdl != 0;
   return ffi::Error::Success();
 }
 
@@ -273,7 +282,10 @@ auto paged_attention_binding(Binding binding) {
       .template Attr<int32_t>("window_left")
       .template Attr<int32_t>("window_right")
       .template Attr<int32_t>("num_splits")
-      .template Attr<int32_t>("scale_mode");
+      .template Attr<int32_t>("scale_mode")
+      .template Attr<int32_t>("kernel")
+      .template Attr<int32_t>("pdl")
+      .template Attr<int32_t>("merge_pdl");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import os
-
 import jax
 import jax.numpy as jnp
 
@@ -14,7 +11,10 @@ from ..primitives.paged_attention import (
     SCALE_PER_HEAD,
     SCALE_PER_TOKEN,
     PagedConfig,
+    PagedLaunch,
+    default_launch,
     paged_attention_p,
+    policy,
 )
 from . import _checks
 
@@ -75,14 +75,6 @@ def _sm_count() -> int:
     return int(getattr(dev, "core_count", 0) or _DEFAULT_SM_COUNT)
 
 
-@functools.cache
-def _paged_mma_mode() -> int:
-    """JAX_FLASH_PAGED_MMA, read once as the CUDA library does: "0" never, "1" whenever
-    supported, anything else the default (-1: also whenever supported)."""
-    v = os.environ.get("JAX_FLASH_PAGED_MMA")
-    return 0 if v == "0" else 1 if v == "1" else -1
-
-
 def default_num_splits(
     batch: int,
     num_heads_k: int,
@@ -92,36 +84,31 @@ def default_num_splits(
     head_dim: int = 128,
     mma_ok: bool = False,
     cache_itemsize: int = 2,
+    kernel: str | None = None,
 ) -> int:
-    """Split count for a CUDA decode call (the CPU kernel splits on its own); mirrors
-    paged_num_splits_heuristic in cuda/include/jax_flash/paged_attention.cuh.
+    """Split count for a CUDA decode call (the CPU kernel splits on its own): the C++ heuristic
+    (policy::paged_num_splits in cuda/include/jax_flash/policy/paged.h) for this GPU's SM count.
 
     The CUDA-core kernel runs one CTA per (sequence, kv head, split, chunk of <= 16 query rows of
-    the group); two 4-8-row CTAs (or one 16-row CTA) fit an SM. The tensor-core kernel (f16 / bf16
-    q with a cache of q's dtype or an int8 / e4m3 cache, `mma_ok`, taken whatever the query rows
-    per kv head unless JAX_FLASH_PAGED_MMA=0) runs 16-row CTAs, 2 / 2 / 1 per SM for head dims
-    64 / 128 / 256 (8-bit caches, `cache_itemsize` 1: 3 / 2 / 1). Aim for about one wave: no
-    split if the CTAs already fill 80% of the slots, else the largest power of two that fills
-    them, with at least 128 keys per split. Measured best on an H100 for bf16 GQA-4 (B=1 -> 32,
-    2 -> 16, 4 -> 8, 8 -> 4, 16 -> 2, >= 32 -> 1)."""
-    rows = group * seqlen_q
-    mode = _paged_mma_mode()
-    mma = mma_ok and mode != 0
-    if mma:
-        mt = 16
-        if head_dim <= 64:
-            per_sm = 3 if cache_itemsize == 1 else 2
-        else:
-            per_sm = 2 if head_dim <= 128 else 1
-    else:
-        mt = 4 if rows <= 4 else 8 if rows <= 8 else 16
-        per_sm = 2 if mt <= 8 else 1
-    ctas = batch * num_heads_k * -(-rows // mt)
-    slots = _sm_count() * per_sm
-    if ctas * 5 >= slots * 4:
-        return 1
-    s = min(slots // ctas, -(-capacity // 128))
-    return 1 << (max(1, s).bit_length() - 1)
+    the group); two 4-8-row CTAs (or one 16-row CTA) fit an SM. The tensor-core kernel (`mma_ok`:
+    it takes the call, policy.paged_mma_supported; run unless `kernel` is "cuda_core") runs
+    16-row CTAs, 2 / 2 / 1 per SM for head dims 64 / 128 / 256 (8-bit caches, `cache_itemsize`
+    1: 3 / 2 / 1). Aim for about one wave: no split if the CTAs already fill 80% of the slots,
+    else the largest power of two that fills them, with at least 128 keys per split. Measured
+    best on an H100 (132 SMs) for bf16 GQA-4, CUDA-core kernel: B=1 -> 32, 2 -> 16, 4 -> 8,
+    8 -> 4, 16 -> 2, >= 32 -> 1. `kernel`: None for the default launch's."""
+    kernel = default_launch().kernel if kernel is None else kernel
+    mma = policy.paged_use_mma(mma_ok, _kernel_id(kernel))
+    return policy.paged_num_splits(
+        batch, num_heads_k, group, seqlen_q, capacity, _sm_count(), head_dim, mma, cache_itemsize
+    )
+
+
+def _kernel_id(kernel: str) -> int:
+    ids = policy.PAGED_KERNELS
+    if kernel not in ids:
+        raise ValueError(f"{_OP}: kernel must be one of {sorted(ids)}, got {kernel!r}")
+    return ids[kernel]
 
 
 def paged_attention(
@@ -140,6 +127,7 @@ def paged_attention(
     num_splits: int | None = None,
     return_lse: bool = False,
     implementation: str | None = None,
+    _launch: PagedLaunch | None = None,
 ):
     """Attention of new queries against a paged KV cache (decode, chunked prefill, verification).
 
@@ -168,6 +156,9 @@ def paged_attention(
     implementation : None, "cuda", "cpu" or "xla" (gathers the pages, then the jnp reference).
         The CUDA kernel takes D == Dv in (64, 128, 256); other head dims run the "xla" path
         under None (slow: it gathers the cache) and raise a ValueError under "cuda".
+    _launch : private: how the CUDA kernels run the call (``PagedLaunch``: which kernel, PDL);
+        None for the defaults (``JAX_FLASH_PAGED_MMA``, ``JAX_FLASH_PAGED_PDL``). Tests use it
+        to run both kernels in one process.
 
     Returns
     -------
@@ -212,19 +203,26 @@ def paged_attention(
     scale, cap = _checks.scale_and_cap(_OP, D, softmax_scale, logits_soft_cap)
     _checks.implementation(_OP, implementation)
     max_pages = block_tables.shape[1]
-    if num_splits is None:
-        # The tensor-core kernel (paged_mma_supported): f16 / bf16 q with a cache of q's dtype
-        # or an int8 / float8 e4m3 cache (scaled), 1 to 2^32 - 1 cache rows of Hkv heads.
-        mma_ok = (
-            q4.dtype in (jnp.float16, jnp.bfloat16)
-            and (k_pages.dtype == q4.dtype or k_pages.dtype in QUANTIZED_DTYPES)
-            and D == Dv
-            and D in (64, 128, 256)
-            and 0 < k_pages.shape[0] * page_size * Hkv < 2**32
+    launch = default_launch() if _launch is None else _launch
+    if not isinstance(launch, PagedLaunch):
+        raise TypeError(f"{_OP}: _launch must be a PagedLaunch, got {type(launch).__name__}")
+    _kernel_id(launch.kernel)
+    mma_ok = policy.paged_mma_supported(
+        jnp.dtype(q4.dtype).name, jnp.dtype(k_pages.dtype).name, mode, D, Dv,
+        k_pages.shape[0], page_size, Hkv,
+    )  # fmt: skip
+    if launch.kernel == "tensor_core" and not mma_ok:
+        raise ValueError(
+            f"{_OP}: the tensor-core kernel was asked for, but it does not take q "
+            f"{jnp.dtype(q4.dtype).name} with a {jnp.dtype(k_pages.dtype).name} cache, "
+            f"D={D}, Dv={Dv}, {k_pages.shape[0]} pages of {page_size} x {Hkv} heads (it takes "
+            f"float16 / bfloat16 q with a cache of q's dtype or a scaled int8 / float8_e4m3fn "
+            f"cache, D == Dv in {policy.PAGED_HEAD_DIMS}, 1 to 2^32 - 1 cache rows)"
         )
+    if num_splits is None:
         num_splits = default_num_splits(
             B, Hkv, Hq // Hkv, Sq, max_pages * page_size, head_dim=D, mma_ok=mma_ok,
-            cache_itemsize=jnp.dtype(k_pages.dtype).itemsize,
+            cache_itemsize=jnp.dtype(k_pages.dtype).itemsize, kernel=launch.kernel,
         )  # fmt: skip
     elif int(num_splits) < 1:
         raise ValueError(f"{_OP}: num_splits must be >= 1, got {num_splits}")
@@ -241,7 +239,9 @@ def paged_attention(
         lse = jnp.full((B, Hq, Sq), -jnp.inf, jnp.float32)
     else:
         empty = jnp.zeros((0,), jnp.float32)
-        config = PagedConfig(scale, cap, window[0], window[1], num_splits, mode, implementation)
+        config = PagedConfig(
+            scale, cap, window[0], window[1], num_splits, mode, implementation, launch
+        )
         o, lse, _, _ = paged_attention_p.bind(
             q4,
             k_pages,

@@ -18,10 +18,11 @@ import numpy as np
 
 from .. import reference
 from .._compat import NOT_MAPPED, ShapedArray, batching
+from .._native import _cpu
 from ._common import batch_first, make_primitive, register_lowerings
 
-# Largest head dim the CUDA kernels take (cuda/ffi/flash_attention.cu: kMaxCudaHeadDim).
-CUDA_MAX_HEAD_DIM = 256
+# Largest head dim the CUDA kernels take (cuda/include/jax_flash/policy/limits.h).
+CUDA_MAX_HEAD_DIM = _cpu.policy.FLASH_MAX_HEAD_DIM
 
 
 @dataclasses.dataclass(frozen=True)

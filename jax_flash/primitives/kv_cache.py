@@ -26,6 +26,7 @@ import numpy as np
 
 from .. import reference
 from .._compat import NOT_MAPPED, ShapedArray, batching
+from .._native import _cpu
 from ._common import batch_first, make_primitive, register_lowerings
 from .rope import STYLES
 
@@ -109,8 +110,8 @@ def _copy_reference(kp, vp, ks, vs, src, dst, *, config):
 
 register_lowerings(append_kv_p, "append_kv", _attrs, _append_reference, aliases=_ALIASES)
 register_lowerings(copy_pages_p, "copy_pages", _attrs, _copy_reference, aliases=_ALIASES)
-# kv_cache_rope.cuh: kMaxQuantRowBytes (a quantized cache's K row staged in shared memory).
-MAX_QUANT_ROW_BYTES = 5888
+# A quantized cache's K row staged in shared memory (cuda/include/jax_flash/policy/limits.h).
+MAX_QUANT_ROW_BYTES = _cpu.policy.ROPE_MAX_QUANT_ROW_BYTES
 
 
 def _rope_check_cuda(ctx, config):

@@ -13,16 +13,47 @@ Semantics and bad-data rules: cuda/include/jax_flash/paged_params.h.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
 
 import jax.numpy as jnp
 import numpy as np
 
 from .. import reference
 from .._compat import NOT_MAPPED, ShapedArray, batching
+from .._native import _cpu
 from ._common import batch_first, make_primitive, register_lowerings
 
 SCALE_NONE, SCALE_PER_HEAD, SCALE_PER_TOKEN = 0, 1, 2
-CUDA_HEAD_DIMS = (64, 128, 256)
+# The decisions and limits of the CUDA kernels, from their one home (jax_flash/policy/*.h).
+policy = _cpu.policy
+
+
+@dataclasses.dataclass(frozen=True)
+class PagedLaunch:
+    """How the CUDA kernels run a call (PagedLaunch in cuda/include/jax_flash/paged_params.h);
+    the CPU kernel ignores it.
+
+    kernel: "auto" (the tensor-core kernel where it takes the call, else the CUDA-core one),
+    "cuda_core" or "tensor_core" (a call it does not take is an error); pdl / merge_pdl: the
+    tensor-core kernel / the split-KV merge as programmatic dependent launches (sm_90+)."""
+
+    kernel: str = "auto"
+    pdl: bool = True
+    merge_pdl: bool = True
+
+
+@functools.cache
+def default_launch() -> PagedLaunch:
+    """The launch options of calls that name none, from the environment (read once, here
+    only): JAX_FLASH_PAGED_MMA="0" runs the CUDA-core kernel ("1", as unset: the tensor-core
+    kernel wherever it takes the call), JAX_FLASH_PAGED_PDL="0" launches the tensor-core kernel
+    without programmatic dependent launch."""
+    mma = os.environ.get("JAX_FLASH_PAGED_MMA")
+    return PagedLaunch(
+        kernel="cuda_core" if mma == "0" else "auto",
+        pdl=os.environ.get("JAX_FLASH_PAGED_PDL") != "0",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +65,8 @@ class PagedConfig:
     num_splits: int
     scale_mode: int
     implementation: str | None
+    # Private: the launch options (tests pick the kernel through it); default_launch() unless set.
+    _launch: PagedLaunch = dataclasses.field(default_factory=default_launch)
 
 
 paged_attention_p = make_primitive("jax_flash_paged_attention")
@@ -64,15 +97,18 @@ def _attrs(config: PagedConfig) -> dict:
         "window_right": np.int32(config.window_right),
         "num_splits": np.int32(config.num_splits),
         "scale_mode": np.int32(config.scale_mode),
+        "kernel": np.int32(policy.PAGED_KERNELS[config._launch.kernel]),
+        "pdl": np.int32(config._launch.pdl),
+        "merge_pdl": np.int32(config._launch.merge_pdl),
     }
 
 
 def _check_cuda(ctx, config):
     q, _, v = ctx.avals_in[:3]
-    if q.shape[3] != v.shape[3] or q.shape[3] not in CUDA_HEAD_DIMS:
+    if not policy.paged_head_dim_supported(q.shape[3], v.shape[3]):
         return (
-            f"the CUDA kernel takes head dims {CUDA_HEAD_DIMS} with D == Dv, got D={q.shape[3]}, "
-            f"Dv={v.shape[3]}"
+            f"the CUDA kernel takes head dims {policy.PAGED_HEAD_DIMS} with D == Dv, got "
+            f"D={q.shape[3]}, Dv={v.shape[3]}"
         )
     return None
 

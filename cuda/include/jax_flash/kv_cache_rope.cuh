@@ -27,6 +27,7 @@
 
 #include "jax_flash/kv_cache.cuh"
 #include "jax_flash/kv_cache_rope_params.h"
+#include "jax_flash/policy/limits.h"
 #include "jax_flash/rope.cuh"
 
 namespace jax_flash {
@@ -45,7 +46,7 @@ static_assert(kThreads >= kMaxRotaryDim / 2, "one thread per pair fills the cos/
 // Quantized caches stage each warp's rotated K row in shared memory: head_dim * sizeof(input)
 // up to this (kWarps rows + the 2 KiB cos/sin table stay within the 48 KiB a block gets
 // without opting in). jax_flash/primitives/kv_cache.py sends larger rows to the jnp reference.
-constexpr int64_t kMaxQuantRowBytes = 5888;
+constexpr int64_t kMaxQuantRowBytes = policy::kRopeMaxQuantRowBytes;
 static_assert(kWarps * kMaxQuantRowBytes + 2 * 4 * (kMaxRotaryDim / 2) <= 48 * 1024, "smem");
 
 // ---------------------------------------------------------------------------------------------

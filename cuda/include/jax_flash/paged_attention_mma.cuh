@@ -1,14 +1,15 @@
 // Paged decode attention on tensor cores (mma.sync m16n8k16, float32 accumulation) for float16 /
 // bfloat16 q with a cache of q's dtype or an 8-bit cache (int8 / float8 e4m3, per-head or
 // per-token scales), head dims 64, 128, 256. The contract is paged_params.h's; the dispatch in
-// paged_attention.cuh sends every call it supports here (paged_use_mma): faster than the CUDA-core
-// kernel from one query row per kv head (MHA) on, as its float32 FMAs bound that kernel's speed.
+// paged_attention.cuh sends every call it supports here (policy::paged_use_mma, unless the call
+// asks for the CUDA-core kernel): faster than the CUDA-core kernel from one query row per kv head
+// (MHA) on, as its float32 FMAs bound that kernel's speed.
 //
 // One CTA of 4 warps per (sequence, kv head, split, chunk of 16 query rows): the group's rows
 // m = i * G + g (query position i, head g of the group), as in the CUDA-core kernel; rows past
 // G * Sq are zero and never written. Every K/V row read from memory serves all 16 rows.
 //
-// Copy pipeline (shared with the CUDA-core kernel through the helpers of paged_attention.cuh):
+// Copy pipeline (shared with the CUDA-core kernel through paged/common.cuh):
 // tiles of 64 or 128 keys (MmaCfg::kTK), K and V rows copied with 16-byte cp.async (L1 bypass)
 // into a ring of 3-6 shared-memory stages (MmaCfg::kStages: 2-5 tiles in flight per CTA, 1-3
 // CTAs per SM). Rows are placed through the page table one by one (any page size; tiles may
@@ -64,7 +65,12 @@
 #include <type_traits>
 
 #include "jax_flash/flash_attention_mma.cuh"  // mma_detail: ldmatrix, mma_16816, pack2, swizzle
-#include "jax_flash/paged_attention.cuh"
+#include "jax_flash/paged/common.cuh"
+#include "jax_flash/paged/launch.cuh"
+#include "jax_flash/paged/merge.cuh"
+#include "jax_flash/paged/ptx.cuh"
+#include "jax_flash/paged_attention.cuh"  // declarations of the launchers (extern templates)
+#include "jax_flash/policy/paged.h"
 
 namespace jax_flash {
 namespace paged {
@@ -76,7 +82,7 @@ struct MmaCfg {
   static constexpr bool kQ8 = kElemBytes == 1;
   static constexpr int kThreads = 128;
   static constexpr int kWarps = 4;
-  static constexpr int kRows = kPagedMmaRows;             // query rows per CTA (one m16 tile)
+  static constexpr int kRows = policy::kPagedMmaRows;             // query rows per CTA (one m16 tile)
   // Keys per tile: 64 (16 per warp); 8-bit caches with D <= 128 and 16-bit caches with D = 64:
   // 128 (two 16-key slices per warp: two independent chains of mma (and code conversion) per
   // warp, half the barriers, 16 KB tiles: 16-bit D = 64 reads 7% faster at 64 x 8k than with
@@ -97,7 +103,7 @@ struct MmaCfg {
   static constexpr int kRedStride = D + 8;  // floats per row of the epilogue buffer (no conflicts)
   static constexpr int kRedBytes = kWarps * kRows * kRedStride * 4;
   static constexpr bool kQRegs = D <= 128;  // Q fragments held in registers
-  static constexpr int kCtasPerSm = paged_mma_ctas_per_sm(D, kElemBytes);
+  static constexpr int kCtasPerSm = policy::paged_mma_ctas_per_sm(D, kElemBytes);
   static constexpr int kMaxStages = kQ8 ? 6 : 4;  // 8-bit tiles are half the bytes
 
   static constexpr int ring_bytes(int stages) {
@@ -270,62 +276,22 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
   const int g = lane >> 2;  // C-fragment row (and g + 8)
   const int t = lane & 3;   // C-fragment column pair
 
-  // blockIdx.x = ((b * Hkv + kvh) * num_splits + split) * num_chunks + chunk (< 2^31)
-  uint32_t bid = blockIdx.x;
-  const int chunk = static_cast<int>(bid % static_cast<uint32_t>(num_chunks));
-  bid /= static_cast<uint32_t>(num_chunks);
-  const int split = static_cast<int>(bid % static_cast<uint32_t>(p.num_splits));
-  bid /= static_cast<uint32_t>(p.num_splits);
-  const int kvh = static_cast<int>(bid % static_cast<uint32_t>(p.num_heads_k));
-  const int b = static_cast<int>(bid / static_cast<uint32_t>(p.num_heads_k));
-
-  const int Hq = p.num_heads;
-  const int G = Hq / p.num_heads_k;
-  const int Sq = p.seqlen_q;
-  const int m0 = chunk * kRows;
-  const int mvalid = min(kRows, G * Sq - m0);
-  const int ps = p.page_size;
-
-  const int32_t klen = __ldg(p.kv_lens + b);
-  const int32_t* bt = p.block_tables + static_cast<int64_t>(b) * p.max_pages;
-  auto store_nan = [&]() {
-    const float nan = qnan();
-    for (int idx = tid; idx < mvalid * (D / 4); idx += kNT) {
-      const int q4 = idx % (D / 4);
-      paged_store_out<T, D>(p, b, kvh, split, G, m0 + idx / (D / 4), q4,
-                            make_float4(nan, nan, nan, nan), q4 == 0, nan);
-    }
-  };
-  if (paged_klen_bad(p, klen)) {
-    store_nan();  // klen is the same for every thread: no barrier needed
-    return;
-  }
-
+  const PagedCta cta = paged_cta<kRows>(p, num_chunks);
+  if (paged_reject_bad_klen<T, D, kNT>(p, cta, tid)) return;
   // ---- key range of this CTA: the union of its rows' visible keys within the split ----
-  int32_t lo_first, hi_first, lo_last, hi_last;
-  paged_visible(p, klen, m0 / G, &lo_first, &hi_first);
-  paged_visible(p, klen, (m0 + mvalid - 1) / G, &lo_last, &hi_last);
-  int32_t kb, ke;
-  split_range(klen, ps, p.num_splits, split, &kb, &ke);
-  kb = max(kb, lo_first);
-  ke = min(ke, hi_last);
-  const int ntiles =
-      ke > kb ? static_cast<int>((static_cast<int64_t>(ke) - kb + kTK - 1) / kTK) : 0;
+  const PagedKeyRange kr = paged_key_range<kTK>(p, cta);
+  const int32_t kb = kr.kb, ke = kr.ke;
+  const int ntiles = kr.ntiles;
   // Visible keys of this thread's two rows g and g + 8 (padding rows see none).
   int32_t lo_r[2], hi_r[2];
 #pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int r = g + 8 * hf;
-    lo_r[hf] = 0;
-    hi_r[hf] = 0;
-    if (r < mvalid) paged_visible(p, klen, (m0 + r) / G, &lo_r[hf], &hi_r[hf]);
-  }
+  for (int hf = 0; hf < 2; ++hf) paged_row_visible(p, cta, g + 8 * hf, &lo_r[hf], &hi_r[hf]);
 
   const bool per_token = kQ8 && p.scale_mode == ScaleMode::kPerToken;
   int bad = 0;
   // Page-table walk: thread tid < kTK places key kb + j * kTK + tid of tile j, as a block-table
   // index and an offset in the page advanced by kTK per tile (one division, at the start).
-  const uint32_t ups = static_cast<uint32_t>(ps);
+  const uint32_t ups = static_cast<uint32_t>(p.page_size);
   const uint32_t step_q = kTK / ups, step_r = kTK - step_q * ups;
   uint32_t wkey = static_cast<uint32_t>(kb) + tid;  // < 2^31 + kTK * (ntiles + kS + 1)
   uint32_t widx = wkey / ups, woff = wkey - widx * ups;
@@ -333,7 +299,7 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
     PagedRowRef r;
     r.valid = tid < kTK && static_cast<int64_t>(wkey) < ke;
     r.off = static_cast<int32_t>(woff);
-    r.page = r.valid ? __ldg(bt + widx) : 0;
+    r.page = r.valid ? __ldg(cta.bt + widx) : 0;
     wkey += kTK;
     widx += step_q;
     woff += step_r;
@@ -355,7 +321,7 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
         paged_row_ok(pf, p, bad)
             ? (static_cast<uint32_t>(pf.page) * ups + static_cast<uint32_t>(pf.off)) *
                       static_cast<uint32_t>(p.num_heads_k) +
-                  static_cast<uint32_t>(kvh)
+                  static_cast<uint32_t>(cta.kvh)
             : 0u;
   };
 #pragma nv_diag_default 549
@@ -410,22 +376,11 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
     const int r = idx / kQCh;
     const int c = idx % kQCh;
     qv[k] = make_uint4(0u, 0u, 0u, 0u);
-    if (r < mvalid) {
-      const int gm = m0 + r;
-      const int i = gm / G;
-      const int h = kvh * G + (gm - i * G);
-      qv[k] = __ldg(reinterpret_cast<const uint4*>(
-          static_cast<const T*>(p.q) + ((static_cast<int64_t>(b) * Sq + i) * Hq + h) * D + 8 * c));
-    }
+    if (r < cta.mvalid)
+      qv[k] = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(p.q) +
+                                                   paged_q_offset<D>(p, cta, cta.m0 + r, 8 * c)));
   }
-  if (tid < kTK) {
-#pragma unroll
-    for (int j = 0; j < kS; ++j) {
-      pf = ref0[j];
-      if (j < ntiles) store_row(j);
-    }
-    pf = ref0[kS];
-  }
+  paged_place_first_rows<kS, kTK>(tid, ntiles, ref0, pf, store_row);
   // 8-bit caches with bfloat16 q: Q K^T runs in float16 on Q * 2^-q_sh, with 2^(q_sh + 15) the
   // power of two above the CTA's largest |q| (none overflows, and every q within 2^29 of the
   // largest is a normal float16: exact, as bfloat16 has 8 significant bits); 2^q_sh goes into
@@ -473,15 +428,8 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
     }
   }
   __syncthreads();
-#pragma unroll
-  for (int j = 0; j < kS - 1; ++j) {
-    if (j < ntiles) issue(j);
-    cp_async_commit();
-  }
-
-  // ---- whole-sequence check of the page ids (under the first copies); with split-KV only
-  // split 0 scans: its NaN partial makes the merged output NaN ----
-  if (split == 0) bad |= paged_block_table_bad<kNT>(p, bt, klen, tid);
+  paged_prime_pipeline<kS>(ntiles, issue);
+  paged_scan_block_table<kNT>(p, cta, tid, bad);
 
   // ---- ldmatrix lane addresses (as the prefill kernel, flash_attention_mma.cuh):
   //   Q (A, x4 = rows 0-7 / 8-15 x k 0-7 / 8-15): row l % 16, chunk 2kk + l / 16
@@ -519,13 +467,13 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
   float x_scale = has_cap ? p.softcap * kLog2e : p.softmax_scale * kLog2e;
   float vscale_head = 1.f;
   if (kQ8 && p.scale_mode == ScaleMode::kPerHead) {
-    const float ks = __ldg(p.k_scale + kvh);
+    const float ks = __ldg(p.k_scale + cta.kvh);
     if (has_cap) {
       cap_in *= ks;
     } else {
       x_scale *= ks;
     }
-    vscale_head = __ldg(p.v_scale + kvh);
+    vscale_head = __ldg(p.v_scale + cta.kvh);
   }
   if (has_cap) {
     cap_in = ldexpf(cap_in, q_sh);
@@ -643,7 +591,7 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
         s[nt][e] = has_cap ? tanhf(x) * x_scale : x;
       }
     }
-    const bool full = kw >= lo_last && kw64 + 16 * kSl <= hi_first && kw64 + 16 * kSl <= ke;
+    const bool full = kw >= kr.lo_last && kw64 + 16 * kSl <= kr.hi_first && kw64 + 16 * kSl <= ke;
     if (!full) {
 #pragma unroll
       for (int nt = 0; nt < kSN; ++nt) {
@@ -810,19 +758,16 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
   }
   // also: every warp is done with the ring (red_s overlays it) and every copy has landed
   if (__syncthreads_or(bad)) {
-    store_nan();
+    paged_store_nan<T, D, kNT>(p, cta, tid);
     return;
   }
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int r = g + 8 * hf;
-    float mf = neg_inf();
-#pragma unroll
-    for (int w = 0; w < C::kWarps; ++w) mf = fmaxf(mf, wm_s[w * kRows + r]);
-    const float mref = mf == neg_inf() ? 0.f : mf;
+    const float mref = paged_final_max<C::kWarps, kRows>(wm_s, r);
     const float f = fast_exp2(m_ref[hf] - mref) * (per_token ? v_ref : 1.f);
-    // padding rows (r >= mvalid: 12 of the 16 in GQA-4 decode) are never read
-    if (r < mvalid) {
+    // padding rows (r >= cta.mvalid: 12 of the 16 in GQA-4 decode) are never read
+    if (r < cta.mvalid) {
       if constexpr (kQ8) {  // undo the column permutation of the 8-bit V path
         float* dst = red_s + (warp * kRows + r) * C::kRedStride;
 #pragma unroll
@@ -839,35 +784,13 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
       }
     }
     if (warp == 0 && t == 0) {
-      float l = 0.f;
-#pragma unroll
-      for (int w = 0; w < C::kWarps; ++w)
-        l += fast_exp2(wm_s[w * kRows + r] - mref) * wl_s[w * kRows + r];
       fm_s[r] = mref;
-      fl_s[r] = l;
+      fl_s[r] = paged_final_sum<C::kWarps, kRows>(wm_s, wl_s, r, mref);
     }
   }
   __syncthreads();
-  constexpr float kLn2 = 0.6931471805599453f;
-  for (int idx = tid; idx < mvalid * (D / 4); idx += kNT) {
-    const int m = idx / (D / 4);
-    const int q4 = idx - m * (D / 4);
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int w = 0; w < C::kWarps; ++w) {
-      const float4 v = *reinterpret_cast<const float4*>(red_s + (w * kRows + m) * C::kRedStride + 4 * q4);
-      acc.x += v.x;
-      acc.y += v.y;
-      acc.z += v.z;
-      acc.w += v.w;
-    }
-    const float l = fl_s[m];
-    const float inv = (l == 0.f ? 0.f : 1.f / l) * vscale_head;
-    const float lse = l == 0.f ? neg_inf() : (fm_s[m] + log2f(l)) * kLn2;
-    paged_store_out<T, D>(p, b, kvh, split, G, m0 + m, q4,
-                          make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv),
-                          q4 == 0, lse);
-  }
+  paged_store_rows<T, D, C::kWarps, kRows, C::kRedStride, kNT>(p, cta, tid, red_s, fm_s, fl_s,
+                                                               vscale_head);
 }
 
 // Paged decode attention on tensor cores (and the split-KV merge when num_splits > 1) for q of
@@ -894,7 +817,7 @@ cudaError_t launch_paged_attention_mma(const PagedAttentionParams& p, cudaStream
                          : ensure_smem_attrs<paged_attention_mma_kernel<T, TC, D, 2>>(C::kSmem);
   if (err != cudaSuccess) return err;
   err = paged_launch_pdl(kernel, dim3(static_cast<unsigned>(blocks)), dim3(C::kThreads), C::kSmem,
-                         stream, paged_attention_pdl_enabled(), p, static_cast<int32_t>(chunks));
+                         stream, p.launch.pdl, p, static_cast<int32_t>(chunks));
   if (err != cudaSuccess) return err;
   return launch_paged_merge<T, D>(p, stream);
 }

@@ -52,6 +52,25 @@ enum class ScaleMode : int32_t {
   kPerToken = 2,  // scale [num_pages, page_size, Hkv]
 };
 
+// Which CUDA kernel runs a paged_attention call (the CPU kernel has one).
+enum class PagedKernel : uint8_t {
+  kAuto = 0,        // the tensor-core kernel where it supports the call, else the CUDA-core one
+  kCudaCore = 1,    // the CUDA-core kernel
+  kTensorCore = 2,  // the tensor-core kernel; a call it does not support is an error
+};
+
+// How the CUDA launchers run a call (no effect on the result, except `merge`): fields of the
+// call, set from the FFI attributes (jax_flash/primitives/paged_attention.py), so that one
+// process can run both kernels. The defaults are the library's choices. 4 bytes, which fit the
+// tail padding of PagedAttentionParams: the kernels' parameter layout stays as it was.
+struct PagedLaunch {
+  PagedKernel kernel = PagedKernel::kAuto;
+  bool pdl = true;        // the tensor-core kernel as a programmatic dependent launch (sm_90+)
+  bool merge_pdl = true;  // the split-KV merge as a programmatic dependent launch (sm_90+)
+  bool merge = true;      // launch the split-KV merge (off: the partials stay unmerged, o and
+                          // lse unwritten; only to time the attention grid alone)
+};
+
 struct PagedAttentionParams {
   const void* q;       // [B, Sq, Hq, D]        dtype (float32 | float16 | bfloat16)
   const void* k_pages; // [num_pages, page_size, Hkv, D]  cache_dtype
@@ -91,7 +110,10 @@ struct PagedAttentionParams {
   DType dtype;          // of q and o
   CacheDType cache_dtype;
   ScaleMode scale_mode;
+  PagedLaunch launch;   // last (in the tail padding); the kernels never read it
 };
+
+static_assert(sizeof(PagedLaunch) == 4, "PagedLaunch must fit the tail padding");
 
 struct AppendKVParams {
   const void* k_new;           // [T, Hkv, D]  dtype

@@ -1,0 +1,94 @@
+// The `policy` submodule of the `_cpu` module: the decisions and limits of
+// jax_flash/policy/*.h for Python, which calls them instead of keeping copies
+// (tests/test_policy.py pins that the ops use them).
+#pragma once
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include <string>
+
+#include "jax_flash/paged_params.h"
+#include "jax_flash/policy/limits.h"
+#include "jax_flash/policy/paged.h"
+
+namespace jax_flash {
+
+namespace policy_module {
+
+namespace nb = nanobind;
+
+inline DType q_dtype(const std::string& name) {
+  if (name == "float32") return DType::kFloat32;
+  if (name == "float16") return DType::kFloat16;
+  if (name == "bfloat16") return DType::kBFloat16;
+  throw nb::value_error(("q dtype must be float32, float16 or bfloat16, got " + name).c_str());
+}
+
+inline CacheDType cache_dtype(const std::string& name) {
+  if (name == "float32") return CacheDType::kFloat32;
+  if (name == "float16") return CacheDType::kFloat16;
+  if (name == "bfloat16") return CacheDType::kBFloat16;
+  if (name == "int8") return CacheDType::kInt8;
+  if (name == "float8_e4m3fn") return CacheDType::kFloat8E4M3;
+  throw nb::value_error(("cache dtype must be float32, float16, bfloat16, int8 or "
+                         "float8_e4m3fn, got " + name).c_str());
+}
+
+inline PagedKernel paged_kernel(int kernel) {
+  if (kernel < 0 || kernel > 2)
+    throw nb::value_error(("kernel must be 0, 1 or 2, got " + std::to_string(kernel)).c_str());
+  return static_cast<PagedKernel>(kernel);
+}
+
+}  // namespace policy_module
+
+inline void def_policy_module(nanobind::module_& parent) {
+  namespace nb = nanobind;
+  using namespace nb::literals;
+  namespace pm = policy_module;
+  nb::module_ m = parent.def_submodule(
+      "policy", "Decisions and limits of the CUDA kernels (jax_flash/policy/*.h), for Python.");
+  m.attr("FLASH_MAX_HEAD_DIM") = policy::kFlashMaxHeadDim;
+  nb::list dims;
+  for (int d : policy::kPagedHeadDims) dims.append(d);
+  m.attr("PAGED_HEAD_DIMS") = nb::tuple(dims);
+  m.attr("PAGED_MAX_MERGE_SPLITS") = policy::kPagedMaxMergeSplits;
+  m.attr("PAGED_MMA_ROWS") = policy::kPagedMmaRows;
+  m.attr("ROPE_MAX_QUANT_ROW_BYTES") = policy::kRopeMaxQuantRowBytes;
+  nb::dict kernels;
+  kernels["auto"] = static_cast<int>(PagedKernel::kAuto);
+  kernels["cuda_core"] = static_cast<int>(PagedKernel::kCudaCore);
+  kernels["tensor_core"] = static_cast<int>(PagedKernel::kTensorCore);
+  m.attr("PAGED_KERNELS") = kernels;
+
+  m.def("paged_head_dim_supported", &policy::paged_head_dim_supported, "head_dim"_a,
+        "head_dim_v"_a);
+  m.def("paged_rows_per_cta", [](int64_t rows) { return policy::paged_rows_per_cta(rows); },
+        "rows"_a);
+  m.def("paged_mma_ctas_per_sm",
+        [](int head_dim, int elem_bytes) { return policy::paged_mma_ctas_per_sm(head_dim, elem_bytes); },
+        "head_dim"_a, "elem_bytes"_a);
+  m.def(
+      "paged_mma_supported",
+      [](const std::string& dtype, const std::string& cache_dtype, int scale_mode,
+         int64_t head_dim, int64_t head_dim_v, int64_t num_pages, int64_t page_size,
+         int64_t num_heads_k) {
+        if (scale_mode < 0 || scale_mode > 2)
+          throw nb::value_error(
+              ("scale_mode must be 0, 1 or 2, got " + std::to_string(scale_mode)).c_str());
+        return policy::paged_mma_supported(pm::q_dtype(dtype), pm::cache_dtype(cache_dtype),
+                                           static_cast<ScaleMode>(scale_mode), head_dim,
+                                           head_dim_v, num_pages, page_size, num_heads_k);
+      },
+      "dtype"_a, "cache_dtype"_a, "scale_mode"_a, "head_dim"_a, "head_dim_v"_a, "num_pages"_a,
+      "page_size"_a, "num_heads_k"_a);
+  m.def(
+      "paged_use_mma",
+      [](bool mma_ok, int kernel) { return policy::paged_use_mma(mma_ok, pm::paged_kernel(kernel)); },
+      "mma_ok"_a, "kernel"_a);
+  m.def("paged_num_splits", &policy::paged_num_splits, "batch"_a, "num_heads_k"_a, "group"_a,
+        "seqlen_q"_a, "max_ctx"_a, "num_sms"_a, "head_dim"_a, "mma"_a, "cache_bytes"_a);
+}
+
+}  // namespace jax_flash

@@ -1,0 +1,34 @@
+// Size limits of the CUDA kernels, in one place: the launchers and FFI handlers use them, and the
+// `_cpu` module's `policy` submodule hands them to Python (jax_flash/primitives/*.py), so that a
+// case the CUDA kernels cannot take is routed (or refused) the same way on both sides.
+//
+// Host-only and free of CUDA includes: built into the CPU module (always) and the CUDA module.
+#pragma once
+
+#include <cstdint>
+
+namespace jax_flash::policy {
+
+// Prefill attention (flash_attention): the largest head dim of q/k and of v.
+constexpr int kFlashMaxHeadDim = 256;
+
+// Paged decode attention: the head dims of the CUDA kernels (D == Dv).
+constexpr int kPagedHeadDims[] = {64, 128, 256};
+
+inline bool paged_head_dim_supported(int64_t head_dim, int64_t head_dim_v) {
+  if (head_dim != head_dim_v) return false;
+  for (int d : kPagedHeadDims)
+    if (head_dim == d) return true;
+  return false;
+}
+
+// Paged decode attention: the most splits the split-KV merge takes (it keeps one float per split
+// in shared memory).
+constexpr int kPagedMaxMergeSplits = 8192;
+
+// Fused RoPE + cache write (append_kv_rope) with a quantized cache: the largest K row,
+// head_dim * sizeof(input), staged per warp in shared memory (8 rows + the 2 KiB cos/sin table
+// within the 48 KiB a block gets without opting in).
+constexpr int64_t kRopeMaxQuantRowBytes = 5888;
+
+}  // namespace jax_flash::policy

@@ -1,0 +1,135 @@
+"""The decisions and limits of the CUDA kernels have one home, C++ (cuda/include/jax_flash/
+policy/*.h), which the `_cpu` module's `policy` submodule exposes: the Python layers must use
+those values, and the split heuristic must give the split counts measured best on an H100."""
+
+import jax.numpy as jnp
+import pytest
+
+import jax_flash
+from jax_flash import _native
+from jax_flash.ops import paged_attention as paged_ops
+from jax_flash.primitives import flash_attention as flash_prim
+from jax_flash.primitives import kv_cache as kv_prim
+from jax_flash.primitives import paged_attention as paged_prim
+
+policy = _native._cpu.policy
+H100_SMS = 132
+
+
+def test_python_uses_the_cpp_values():
+    assert paged_prim.policy is policy
+    assert flash_prim.CUDA_MAX_HEAD_DIM == policy.FLASH_MAX_HEAD_DIM == 256
+    assert kv_prim.MAX_QUANT_ROW_BYTES == policy.ROPE_MAX_QUANT_ROW_BYTES == 5888
+    assert policy.PAGED_HEAD_DIMS == (64, 128, 256)
+    assert policy.PAGED_KERNELS == {"auto": 0, "cuda_core": 1, "tensor_core": 2}
+    for d in range(1, 300):
+        assert policy.paged_head_dim_supported(d, d) == (d in policy.PAGED_HEAD_DIMS)
+    assert not policy.paged_head_dim_supported(128, 64)
+
+
+# bf16, Hq = 32, Hkv = 8 (GQA-4), D = 128, one query token: (batch, context) -> the split count
+# measured best on an H100 SXM (policy/paged.h, jax_flash.ops.paged_attention.default_num_splits).
+MEASURED_BEST = {(1, 4096): 32, (1, 32768): 32, (1, 131072): 32, (2, 16384): 16, (4, 16384): 8,
+                 (8, 8192): 4, (16, 4096): 2, (32, 4096): 1, (64, 8192): 1}  # fmt: skip
+
+
+@pytest.mark.parametrize("mma", [False, True])
+@pytest.mark.parametrize("batch,ctx", list(MEASURED_BEST))
+def test_split_heuristic_measured_best(batch, ctx, mma):
+    # Both kernels fit 2 CTAs of this group per SM at D = 128: the same split counts.
+    got = policy.paged_num_splits(batch, 8, 4, 1, ctx, H100_SMS, 128, mma, 2)
+    assert got == MEASURED_BEST[batch, ctx]
+
+
+def test_split_heuristic_edges():
+    assert policy.paged_num_splits(0, 8, 4, 1, 4096, H100_SMS, 128, False, 2) == 1  # B = 0
+    assert policy.paged_num_splits(1, 8, 4, 1, 0, H100_SMS, 128, False, 2) == 1  # no keys
+    assert policy.paged_num_splits(1, 8, 4, 1, 300, H100_SMS, 128, False, 2) == 2  # 128 keys each
+    # 16 query rows per kv head: one CUDA-core CTA per SM, but still 2 tensor-core CTAs
+    assert policy.paged_num_splits(1, 8, 4, 4, 32768, H100_SMS, 128, False, 2) == 16
+    assert policy.paged_num_splits(1, 8, 4, 4, 32768, H100_SMS, 128, True, 2) == 32
+    # 8-bit caches at D = 64: 3 tensor-core CTAs per SM
+    assert [policy.paged_mma_ctas_per_sm(d, 2) for d in (64, 128, 256)] == [2, 2, 1]
+    assert [policy.paged_mma_ctas_per_sm(d, 1) for d in (64, 128, 256)] == [3, 2, 1]
+    assert [policy.paged_rows_per_cta(r) for r in (1, 4, 5, 8, 9, 64)] == [4, 4, 8, 8, 16, 16]
+
+
+def test_default_num_splits_is_the_cpp_heuristic(monkeypatch):
+    monkeypatch.setattr(paged_ops, "_sm_count", lambda: H100_SMS)
+    cases = [(1, 8, 4, 1, 32768, 128, 2), (3, 2, 7, 3, 5000, 64, 1), (0, 8, 4, 1, 100, 256, 2),
+             (40, 4, 1, 1, 64, 128, 2)]  # fmt: skip
+    for b, hkv, g, sq, ctx, d, item in cases:
+        for mma_ok in (False, True):
+            for kernel, mma in (("auto", mma_ok), ("tensor_core", mma_ok), ("cuda_core", False)):
+                got = paged_ops.default_num_splits(b, hkv, g, sq, ctx, d, mma_ok, item, kernel)
+                assert got == policy.paged_num_splits(b, hkv, g, sq, ctx, H100_SMS, d, mma, item)
+
+
+# (q dtype, cache dtype, scale mode, D, Dv, pages, page size, Hkv) -> the tensor-core kernel
+# takes it (paged_params.h: float16 / bfloat16 q with a cache of q's dtype or a scaled 8-bit one,
+# D == Dv in 64 / 128 / 256, 1 to 2^32 - 1 cache rows).
+MMA_CASES = [
+    (("bfloat16", "bfloat16", 0, 128, 128, 10, 16, 2), True),
+    (("float16", "float16", 0, 64, 64, 10, 16, 2), True),
+    (("bfloat16", "int8", 1, 256, 256, 10, 16, 2), True),
+    (("float16", "float8_e4m3fn", 2, 128, 128, 10, 16, 2), True),
+    (("float32", "float32", 0, 128, 128, 10, 16, 2), False),
+    (("float32", "int8", 1, 128, 128, 10, 16, 2), False),
+    (("bfloat16", "float16", 0, 128, 128, 10, 16, 2), False),
+    (("bfloat16", "bfloat16", 0, 96, 96, 10, 16, 2), False),
+    (("bfloat16", "bfloat16", 0, 128, 64, 10, 16, 2), False),
+    (("bfloat16", "bfloat16", 0, 128, 128, 0, 16, 2), False),
+    (("bfloat16", "bfloat16", 0, 128, 128, 2**24, 16, 16), False),  # 2^32 rows
+    (("bfloat16", "bfloat16", 0, 128, 128, 2**24, 16, 15), True),
+]
+
+
+@pytest.mark.parametrize("args,expected", MMA_CASES)
+def test_tensor_core_rule(args, expected):
+    assert policy.paged_mma_supported(*args) == expected
+    assert policy.paged_use_mma(expected, policy.PAGED_KERNELS["auto"]) == expected
+    assert not policy.paged_use_mma(expected, policy.PAGED_KERNELS["cuda_core"])
+
+
+# (the op refuses an unquantized cache of another dtype than q's, whatever the kernel)
+@pytest.mark.parametrize("args,expected", MMA_CASES[:6] + MMA_CASES[7:9])
+def test_ops_route_by_the_rule(monkeypatch, args, expected):
+    """paged_attention picks its split count for the kernel the rule routes to, and asking for
+    the tensor-core kernel where the rule says no raises."""
+    dt, cdt, mode, D, Dv, P, page, Hkv = args
+    seen = []
+    monkeypatch.setattr(paged_ops, "default_num_splits", lambda *a, **k: seen.append(k) or 1)
+    q = jnp.zeros((2, 4 * Hkv, D), dt)
+    kp = jnp.zeros((P, page, Hkv, D), cdt)
+    vp = jnp.zeros((P, page, Hkv, Dv), cdt)
+    scales = {}
+    if mode:
+        shape = (Hkv,) if mode == 1 else (P, page, Hkv)
+        scales = {"k_scale": jnp.ones(shape, jnp.float32), "v_scale": jnp.ones(shape, jnp.float32)}
+    bt, kl = jnp.zeros((2, 3), jnp.int32), jnp.zeros((2,), jnp.int32)
+    jax_flash.paged_attention(q, kp, vp, bt, kl, implementation="xla", **scales)
+    assert seen[-1]["mma_ok"] == expected
+    launch = paged_prim.PagedLaunch(kernel="tensor_core")
+    if expected:
+        jax_flash.paged_attention(q, kp, vp, bt, kl, implementation="xla", _launch=launch, **scales)
+        assert seen[-1]["kernel"] == "tensor_core"
+    else:
+        with pytest.raises(ValueError, match="tensor-core kernel was asked for"):
+            jax_flash.paged_attention(q, kp, vp, bt, kl, _launch=launch, **scales)
+
+
+def test_launch_defaults_from_the_environment(monkeypatch):
+    read = paged_prim.default_launch.__wrapped__
+    monkeypatch.delenv("JAX_FLASH_PAGED_MMA", raising=False)
+    monkeypatch.delenv("JAX_FLASH_PAGED_PDL", raising=False)
+    assert read() == paged_prim.PagedLaunch("auto", pdl=True, merge_pdl=True)
+    monkeypatch.setenv("JAX_FLASH_PAGED_MMA", "0")
+    monkeypatch.setenv("JAX_FLASH_PAGED_PDL", "0")
+    assert read() == paged_prim.PagedLaunch("cuda_core", pdl=False)
+    monkeypatch.setenv("JAX_FLASH_PAGED_MMA", "1")
+    assert read().kernel == "auto"
+    config = paged_prim.PagedConfig(1.0, 0.0, -1, 0, 1, 0, None, read())
+    attrs = paged_prim._attrs(config)
+    assert (attrs["kernel"], attrs["pdl"], attrs["merge_pdl"]) == (0, 0, 1)
+    attrs = paged_prim._attrs(paged_prim.PagedConfig(1.0, 0.0, -1, 0, 1, 0, None))
+    assert attrs["kernel"] == policy.PAGED_KERNELS[paged_prim.default_launch().kernel]
