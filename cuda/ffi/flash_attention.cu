@@ -58,8 +58,9 @@ static ffi::Error FlashAttentionCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi:
                                &p);
   if (err.failure()) return err;
   if (p.head_dim > kMaxCudaHeadDim || p.head_dim_v > kMaxCudaHeadDim)
-    return invalid("the CUDA kernel takes head dims up to " + std::to_string(kMaxCudaHeadDim) +
-                   ", got " + std::to_string(p.head_dim) + "/" + std::to_string(p.head_dim_v));
+    return invalid(kFlashOp, "the CUDA kernel takes head dims up to " +
+                                 std::to_string(kMaxCudaHeadDim) + ", got " +
+                                 std::to_string(p.head_dim) + "/" + std::to_string(p.head_dim_v));
   cudaError_t status = cudaSuccess;
   if (p.fill_uncovered) status = flash_attention_fill_uncovered(p, stream);
   if (status == cudaSuccess && p.batch > 0 && p.total_q > 0) {
