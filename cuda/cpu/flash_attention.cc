@@ -228,7 +228,8 @@ JF_INLINE void block_impl(const FlashParams& p, const SeqExtent& e, int h, int i
         for (int d = Dv; d < Dvp; ++d) dst[d] = 0.0f;
         if (!full)
           for (int d = 0; d < Dv; ++d)
-            v_nonfinite |= static_cast<uint32_t>((numeric::f2u(dst[d]) & 0x7f800000u) == 0x7f800000u);
+            v_nonfinite |=
+                static_cast<uint32_t>((numeric::f2u(dst[d]) & 0x7f800000u) == 0x7f800000u);
       }
 
       // S^T[j, i] = scale * k_j . q_i

@@ -12,7 +12,7 @@
 
 namespace jax_flash {
 
-// Defined by the explicit instantiations in cuda/src/.
+// Defined by the explicit instantiations that cuda/src/instantiations.cmake generates.
 template <typename T, int kMaxHeadDim>
 cudaError_t run_flash_attention_simt(const FlashParams& p, cudaStream_t stream);
 

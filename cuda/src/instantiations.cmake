@@ -29,66 +29,55 @@ set(_jf_type_bf16 __nv_bfloat16)
 set(_jf_head_dims 64 128 256)
 set(_jf_quant_cache_types int8_t __nv_fp8_e4m3)
 
-# Prefill, CUDA cores: every dtype; kMaxHeadDim bounds head_dim and head_dim_v.
-foreach(tag f32 f16 bf16)
-  foreach(d IN LISTS _jf_head_dims)
-    jax_flash_instantiate(flash_attention_simt_${tag}_d${d}
-      HEADER jax_flash/flash_attention_simt.cuh FUNCTION run_flash_attention_simt
-      PARAMS FlashParams WHAT "${_jf_type_${tag}}, head dims <= ${d}"
-      ARGS "${_jf_type_${tag}}, ${d}")
-  endforeach()
-endforeach()
-
-# Prefill, tensor cores: 16-bit dtypes, head_dim == head_dim_v == d.
-foreach(tag f16 bf16)
-  foreach(d IN LISTS _jf_head_dims)
-    jax_flash_instantiate(flash_attention_mma_${tag}_d${d}
-      HEADER jax_flash/flash_attention_mma.cuh FUNCTION run_flash_attention_mma
-      PARAMS FlashParams WHAT "${_jf_type_${tag}}, head dim ${d}"
-      ARGS "${_jf_type_${tag}}, ${d}")
-  endforeach()
-endforeach()
-
-# Paged decode, CUDA cores: q of each dtype with a cache of the same type (<tag>) or quantized
-# (<tag>_q8); <TQ, TC, D>.
-foreach(tag f32 f16 bf16)
-  set(t ${_jf_type_${tag}})
-  set(same "")
-  set(quant "")
-  foreach(d IN LISTS _jf_head_dims)
-    list(APPEND same "${t}, ${t}, ${d}")
-  endforeach()
-  foreach(tc IN LISTS _jf_quant_cache_types)
+# Prefill: one file per (dtype, head dim) of the CUDA-core kernel (every dtype; the head dim
+# bounds head_dim and head_dim_v) and of the tensor-core kernel (16-bit dtypes; head_dim ==
+# head_dim_v == the head dim).
+foreach(kernel simt mma)
+  set(tags f16 bf16)
+  if(kernel STREQUAL "simt")
+    set(tags f32 f16 bf16)
+  endif()
+  foreach(tag IN LISTS tags)
     foreach(d IN LISTS _jf_head_dims)
-      list(APPEND quant "${t}, ${tc}, ${d}")
+      jax_flash_instantiate(flash_attention_${kernel}_${tag}_d${d}
+        HEADER jax_flash/flash_attention_${kernel}.cuh FUNCTION run_flash_attention_${kernel}
+        PARAMS FlashParams WHAT "${_jf_type_${tag}}, head dim ${d}"
+        ARGS "${_jf_type_${tag}}, ${d}")
     endforeach()
   endforeach()
-  jax_flash_instantiate(paged_attention_${tag}
-    HEADER jax_flash/paged_attention.cuh FUNCTION paged::launch_paged_attention
-    PARAMS PagedAttentionParams WHAT "q and cache of type ${t}" ARGS ${same})
-  jax_flash_instantiate(paged_attention_${tag}_q8
-    HEADER jax_flash/paged_attention.cuh FUNCTION paged::launch_paged_attention
-    PARAMS PagedAttentionParams WHAT "q of type ${t}, int8 and float8 e4m3 caches" ARGS ${quant})
 endforeach()
 
-# Paged decode, tensor cores: 16-bit q with a cache of its type (<T, D>) or quantized
-# (<T, D, TC>).
-foreach(tag f16 bf16)
-  set(t ${_jf_type_${tag}})
-  set(same "")
-  set(quant "")
-  foreach(d IN LISTS _jf_head_dims)
-    list(APPEND same "${t}, ${d}")
-  endforeach()
-  foreach(tc IN LISTS _jf_quant_cache_types)
-    foreach(d IN LISTS _jf_head_dims)
-      list(APPEND quant "${t}, ${d}, ${tc}")
+# Paged decode: q of each dtype (tag) with a cache of its own type (file <kernel>_<tag>) and with
+# the quantized caches (<kernel>_<tag>_q8). The template arguments follow `same` / `quant`, in
+# which @T@, @TC@ and @D@ stand for the q type, the cache type and the head dim.
+function(jax_flash_instantiate_paged kernel function tags same quant)
+  foreach(tag IN LISTS tags)
+    set(T ${_jf_type_${tag}})
+    set(same_args "")
+    set(quant_args "")
+    foreach(D IN LISTS _jf_head_dims)
+      string(CONFIGURE "${same}" a @ONLY)
+      list(APPEND same_args "${a}")
     endforeach()
+    foreach(TC IN LISTS _jf_quant_cache_types)
+      foreach(D IN LISTS _jf_head_dims)
+        string(CONFIGURE "${quant}" a @ONLY)
+        list(APPEND quant_args "${a}")
+      endforeach()
+    endforeach()
+    jax_flash_instantiate(${kernel}_${tag}
+      HEADER jax_flash/${kernel}.cuh FUNCTION ${function} PARAMS PagedAttentionParams
+      WHAT "q and cache of type ${T}" ARGS ${same_args})
+    jax_flash_instantiate(${kernel}_${tag}_q8
+      HEADER jax_flash/${kernel}.cuh FUNCTION ${function} PARAMS PagedAttentionParams
+      WHAT "q of type ${T}, int8 and float8 e4m3 caches" ARGS ${quant_args})
   endforeach()
-  jax_flash_instantiate(paged_attention_mma_${tag}
-    HEADER jax_flash/paged_attention_mma.cuh FUNCTION paged::launch_paged_attention_mma
-    PARAMS PagedAttentionParams WHAT "q and cache of type ${t}" ARGS ${same})
-  jax_flash_instantiate(paged_attention_mma_${tag}_q8
-    HEADER jax_flash/paged_attention_mma.cuh FUNCTION paged::launch_paged_attention_mma
-    PARAMS PagedAttentionParams WHAT "q of type ${t}, int8 and float8 e4m3 caches" ARGS ${quant})
-endforeach()
+  set(JAX_FLASH_INSTANTIATION_SOURCES ${JAX_FLASH_INSTANTIATION_SOURCES} PARENT_SCOPE)
+endfunction()
+
+# CUDA cores: every q dtype, <TQ, TC, D>.
+jax_flash_instantiate_paged(paged_attention paged::launch_paged_attention "f32;f16;bf16"
+                            "@T@, @T@, @D@" "@T@, @TC@, @D@")
+# Tensor cores: 16-bit q, <T, D> (the cache type defaults to T) and <T, D, TC>.
+jax_flash_instantiate_paged(paged_attention_mma paged::launch_paged_attention_mma "f16;bf16"
+                            "@T@, @D@" "@T@, @D@, @TC@")

@@ -13,8 +13,8 @@
 #include <cstdint>
 
 #include "jax_flash/dtype.cuh"
-#include "jax_flash/launch.cuh"
 #include "jax_flash/flash_params.h"
+#include "jax_flash/launch.cuh"
 
 namespace jax_flash {
 

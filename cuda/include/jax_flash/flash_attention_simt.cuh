@@ -591,8 +591,7 @@ template <typename T, typename Cfg>
 cudaError_t run_flash_attention_simt_cfg(const FlashParams& p, cudaStream_t stream) {
   if (p.dtype != DTypeOf<T>::value) return cudaErrorInvalidValue;
   // head_dim_v 0 is valid: no o, but lse is computed.
-  if (p.head_dim <= 0 || p.head_dim > Cfg::kMaxD || p.head_dim_v < 0 ||
-      p.head_dim_v > Cfg::kMaxD)
+  if (p.head_dim <= 0 || p.head_dim > Cfg::kMaxD || p.head_dim_v < 0 || p.head_dim_v > Cfg::kMaxD)
     return cudaErrorInvalidValue;
   if (p.batch < 0 || p.total_q < 0 || p.total_k < 0 || p.num_heads < 0)
     return cudaErrorInvalidValue;
@@ -634,7 +633,8 @@ cudaError_t run_flash_attention_simt(const FlashParams& p, cudaStream_t stream) 
       p, stream);
 }
 
-// Explicit instantiations live in cuda/src/flash_attention_simt_{f32,f16,bf16}_d{64,128,256}.cu.
+// Instantiated once each in the files flash_attention_simt_{f32,f16,bf16}_d{64,128,256}.cu that
+// cuda/src/instantiations.cmake generates.
 #define JAX_FLASH_DECLARE_SIMT(T, D) \
   extern template cudaError_t run_flash_attention_simt<T, D>(const FlashParams&, cudaStream_t);
 JAX_FLASH_DECLARE_SIMT(float, 64)
