@@ -153,6 +153,77 @@ def test_padding(platform, rng, dtype, causal):
     assert np.all(o[1] == 0), "a sequence with no keys gives zeros"
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_lse_without_value_columns(platform, rng, causal):
+    # Dv = 0: o is empty, but lse is still the logsumexp of the scaled scores (-inf for rows
+    # that see no key, including padding rows and rows no sequence owns).
+    B, Sq, Skv, Hq, Hkv, D = 3, 37, 45, 6, 2, 64
+    q = randn(rng, (B, Sq, Hq, D), jnp.float32)
+    k = randn(rng, (B, Skv, Hkv, D), jnp.float32)
+    q_len = jnp.asarray([37, 20, 0], jnp.int32)
+    kv_len = jnp.asarray([45, 0, 9], jnp.int32)
+    fn = functools.partial(
+        jax_flash.flash_attention, causal=causal, return_lse=True, implementation=platform.name
+    )
+    v0 = jnp.zeros((B, Skv, Hkv, 0), jnp.float32)
+    args = platform.put(q, k, v0, q_len, kv_len)
+    o, lse = jax.jit(fn)(*args[:3], q_seqlens=args[3], kv_seqlens=args[4])
+    assert o.shape == (B, Sq, Hq, 0)
+    v1 = jnp.zeros((B, Skv, Hkv, 1), jnp.float32)  # lse does not depend on v
+    _, ref_lse = reference.attention(
+        q, k, v1, causal=causal, q_seqlens=q_len, kv_seqlens=kv_len, return_lse=True
+    )
+    _assert_lse(lse, ref_lse, jnp.float32)
+    # Packed rows that no sequence owns.
+    cu = jnp.asarray([0, 30, 41], jnp.int32)
+    qv, kv = randn(rng, (50, Hq, D), jnp.float32), randn(rng, (41, Hkv, D), jnp.float32)
+    _, lse = jax.jit(
+        functools.partial(
+            jax_flash.flash_attention_varlen, return_lse=True, implementation=platform.name
+        )
+    )(*platform.put(qv, kv, jnp.zeros((41, Hkv, 0), jnp.float32), cu, cu))
+    lse = np.asarray(lse)
+    assert np.all(np.isneginf(lse[:, 41:])) and np.all(np.isfinite(lse[:, :41]))
+
+
+# A key that some rows cannot see although other rows of their key tile can: beyond their causal
+# limit, or outside their sliding window. `seen`: the rows that see it.
+@pytest.mark.parametrize(
+    "opts,key,seen",
+    [({"causal": True}, 20, slice(20, 37)), ({"sliding_window": (4, 0)}, 3, slice(3, 8))],
+    ids=["causal", "window"],
+)
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_masked_nonfinite_value_contributes_nothing(
+    platform, rng, request, opts, key, seen, bad, dtype
+):
+    if platform.name == "cuda":
+        request.applymarker(
+            pytest.mark.xfail(
+                reason="CUDA prefill kernels multiply masked keys' v by p = 0 (documented)"
+            )
+        )
+    dtype = DTYPES[dtype]
+    B, S, Hq, Hkv, D = 2, 37, 4, 2, 64
+    q, k, v = (randn(rng, (B, S, h, D), dtype) for h in (Hq, Hkv, Hkv))
+    v_bad = v.at[1, key, 0, 5].set(bad)
+    fn = functools.partial(jax_flash.flash_attention, implementation=platform.name, **opts)
+    o = np.array(jax.jit(fn)(*platform.put(q, k, v_bad)), np.float32)
+    # kv head 0 serves query heads 0 and 1; every row that can see the key is non-finite there.
+    assert not np.any(np.isfinite(o[1, seen, :2, 5]))
+    # Everything else equals attention over v without the bad value.
+    o[1, seen, :2, 5] = 0.0
+    q32, k32, v32 = (x.astype(jnp.float32) for x in _cpu(q, k, v))
+    ref_o = np.array(reference.attention(q32, k32, v32, **opts))
+    ref_o[1, seen, :2, 5] = 0.0
+    same = np.array(reference.attention(*_cpu(q, k, v), compute_dtype=dtype, **opts), np.float32)
+    same[1, seen, :2, 5] = 0.0
+    tol = tolerance(dtype, rel_err(same, ref_o))
+    err = rel_err(o, ref_o)
+    assert err <= tol, f"relative error {err:.3g} > tolerance {tol:.3g}"
+
+
 def test_eager_equals_jit(platform, rng):
     q, k, v = (randn(rng, (2, 33, 4, 64), jnp.float16) for _ in range(3))
     q, k, v = platform.put(q, k, v)

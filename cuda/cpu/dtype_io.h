@@ -4,7 +4,8 @@
 
 #include <cstdint>
 
-#include "jax_flash/flash_params.h"  // DType
+#include "cpu_math.h"  // JF_INLINE
+#include "jax_flash/dtype.h"
 #include "jax_flash/numeric.h"
 
 namespace jax_flash {
@@ -16,22 +17,22 @@ struct Elem;
 template <>
 struct Elem<DType::kFloat32> {
   using T = float;
-  static float load(T x) { return x; }
-  static T store(float x) { return x; }
+  static JF_INLINE float load(T x) { return x; }
+  static JF_INLINE T store(float x) { return x; }
 };
 
 template <>
 struct Elem<DType::kFloat16> {
   using T = uint16_t;
-  static float load(T x) { return numeric::half_to_float(x); }
-  static T store(float x) { return numeric::float_to_half(x); }
+  static JF_INLINE float load(T x) { return numeric::half_to_float(x); }
+  static JF_INLINE T store(float x) { return numeric::float_to_half(x); }
 };
 
 template <>
 struct Elem<DType::kBFloat16> {
   using T = uint16_t;
-  static float load(T x) { return numeric::bf16_to_float(x); }
-  static T store(float x) { return numeric::float_to_bf16(x); }
+  static JF_INLINE float load(T x) { return numeric::bf16_to_float(x); }
+  static JF_INLINE T store(float x) { return numeric::float_to_bf16(x); }
 };
 
 }  // namespace cpu

@@ -25,16 +25,10 @@
 #include <limits>
 #include <vector>
 
-#include "jax_flash/numeric.h"
+#include "cpu_math.h"  // cuda/cpu: exp_approx, round_up, JF_INLINE
+#include "dtype_io.h"
+#include "jax_flash/numeric.h"  // f2u
 #include "thread_pool.h"  // cuda/cpu: the process-wide pool shared by the CPU kernels
-
-#if defined(__GNUC__)
-#define JF_INLINE inline __attribute__((always_inline))
-#define JF_RESTRICT __restrict__
-#else
-#define JF_INLINE inline
-#define JF_RESTRICT
-#endif
 
 #include "isa.h"  // cuda/cpu: JF_TARGET_*, detect_isa
 
@@ -52,60 +46,9 @@ constexpr int kMinBlockM = 32;
 constexpr int kBlockN = JAX_FLASH_CPU_BLOCK_N;  // keys per tile
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-JF_INLINE int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
-// ---------------------------------------------------------------------------------------------
-// Element conversions: jax_flash/numeric.h (exact loads; stores round to nearest even).
-
-using numeric::f2u;
-using numeric::u2f;
-
-template <DType DT>
-struct Elem;
-template <>
-struct Elem<DType::kFloat32> {
-  using T = float;
-  static JF_INLINE float load(T x) { return x; }
-  static JF_INLINE T store(float x) { return x; }
-};
-template <>
-struct Elem<DType::kFloat16> {
-  using T = uint16_t;
-  static JF_INLINE float load(T x) { return numeric::half_to_float(x); }
-  static JF_INLINE T store(float x) { return numeric::float_to_half(x); }
-};
-template <>
-struct Elem<DType::kBFloat16> {
-  using T = uint16_t;
-  static JF_INLINE float load(T x) { return numeric::bf16_to_float(x); }
-  static JF_INLINE T store(float x) { return numeric::float_to_bf16(x); }
-};
-
-// ---------------------------------------------------------------------------------------------
-// exp for the softmax, written to vectorise (no libm call): Cephes expf polynomial, about 1 ulp
-// relative error for x in [-87, 88]. Exactly 0 for x < -87 (including -inf; the true value is
-// below 1.7e-38 there), nan for nan. Callers only pass x <= 0.
-// The final select is a bit mask rather than `cond ? 0 : r`: with the latter GCC sinks the
-// (possibly trapping) float->int conversion into a branch and gives up vectorising the loop.
-JF_INLINE float exp_approx(float x) {
-  const float t = x * 1.44269504088896341f;
-  int32_t n = static_cast<int32_t>(t + (t < 0.0f ? -0.5f : 0.5f));  // round to nearest
-  n = n < -126 ? -126 : n;
-  n = n > 127 ? 127 : n;
-  const float fn = static_cast<float>(n);
-  float r = x - fn * 0.693359375f;
-  r = r - fn * -2.12194440e-4f;
-  float y = 1.9875691500e-4f;
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * (r * r) + r + 1.0f;
-  const float e = y * u2f(static_cast<uint32_t>(n + 127) << 23);  // y * 2^n
-  const uint32_t keep = 0u - static_cast<uint32_t>(!(x < -87.0f));
-  return u2f(f2u(e) & keep);
-}
+using cpu::Elem;  // element loads and stores by DType (dtype_io.h)
+using cpu::exp_approx;
+using cpu::round_up;
 
 // C[M, N] (+)= A[M, K] B[K, N], float32. Element (i, k) of A is A[i * a_rs + k * a_cs]; B and C
 // are row-major. M % MR == 0, N % (W * NV) == 0. An MR x (W * NV) block of C stays in registers
@@ -271,20 +214,28 @@ JF_INLINE void block_impl(const FlashParams& p, const SeqExtent& e, int h, int i
         for (int d = 0; d < D; ++d) dst[d] = Elem<DT>::load(src[d]);
       }
       std::fill(Kf + static_cast<int64_t>(nk) * D, Kf + static_cast<int64_t>(nk_r) * D, 0.0f);
+      // Every row sees every key of the tile, or some rows have masked keys here (their P is 0).
+      bool full = true;
+      for (int i = 0; i < m; ++i) full = full && lo[i] <= kb && hi[i] >= kb + nk;
+      // Non-finite values in V (only looked for where keys are masked): 0 * inf / nan is nan, so
+      // P V then has to skip the masked keys instead of multiplying them by 0.
+      uint32_t v_nonfinite = 0;
       for (int j = 0; j < nk; ++j) {
         const T* src = vp + static_cast<int64_t>(e.k_start + kb + j) * p.v_row_stride +
                        static_cast<int64_t>(hk) * Dv;
         float* dst = Vf + static_cast<int64_t>(j) * Dvp;
         for (int d = 0; d < Dv; ++d) dst[d] = Elem<DT>::load(src[d]);
         for (int d = Dv; d < Dvp; ++d) dst[d] = 0.0f;
+        if (!full)
+          for (int d = 0; d < Dv; ++d)
+            v_nonfinite |=
+                static_cast<uint32_t>((numeric::f2u(dst[d]) & 0x7f800000u) == 0x7f800000u);
       }
 
       // S^T[j, i] = scale * k_j . q_i
       gemm<C::W, C::MR, C::NV, false>(nk_r, m_s, D, Kf, D, 1, Qt, RC, Pt, RC);
 
       // Softcap, mask, tile max.
-      bool full = true;  // every row sees every key of the tile
-      for (int i = 0; i < m; ++i) full = full && lo[i] <= kb && hi[i] >= kb + nk;
       for (int i = 0; i < m; ++i) tmax[i] = kNegInf;
       for (int j = 0; j < nk; ++j) {
         float* JF_RESTRICT s = Pt + j * RC;
@@ -323,8 +274,21 @@ JF_INLINE void block_impl(const FlashParams& p, const SeqExtent& e, int h, int i
         }
       }
 
-      // acc[i, :] += sum_j P[i, j] V[j, :], with P[i, j] = Pt[j * RC + i].
-      gemm<C::W, C::MR, C::NV, true>(m_o, Dvp, nk, Pt, 1, RC, Vf, Dvp, Acc, Dvp);
+      // acc[i, :] += sum_j P[i, j] V[j, :], with P[i, j] = Pt[j * RC + i]; over each row's
+      // visible keys only when a masked key holds inf / nan (rare: no register blocking).
+      if (v_nonfinite == 0) {
+        gemm<C::W, C::MR, C::NV, true>(m_o, Dvp, nk, Pt, 1, RC, Vf, Dvp, Acc, Dvp);
+      } else {
+        for (int i = 0; i < m; ++i) {
+          float* JF_RESTRICT acc = Acc + static_cast<int64_t>(i) * Dvp;
+          const int j1 = std::min(hi[i] - kb, nk);
+          for (int j = std::max(lo[i] - kb, 0); j < j1; ++j) {
+            const float pj = Pt[j * RC + i];
+            const float* JF_RESTRICT v = Vf + static_cast<int64_t>(j) * Dvp;
+            for (int d = 0; d < Dvp; ++d) acc[d] += pj * v[d];
+          }
+        }
+      }
     }
   }
 
@@ -512,8 +476,9 @@ void run(const FlashParams& p_in) {
 }  // namespace
 
 void flash_attention_cpu(const FlashParams& p) {
+  // head_dim_v 0 is a valid call: o is empty but lse is still computed.
   if (p.num_heads <= 0 || p.num_heads_k <= 0 || p.num_heads % p.num_heads_k != 0 ||
-      p.head_dim <= 0 || p.head_dim_v <= 0 || p.total_q < 0 || p.total_k < 0)
+      p.head_dim <= 0 || p.head_dim_v < 0 || p.total_q < 0 || p.total_k < 0)
     return;
   try {
     switch (p.dtype) {

@@ -13,7 +13,7 @@
 
 namespace jax_flash {
 
-// Defined by the explicit instantiations in cuda/src/.
+// Defined by the explicit instantiations that cuda/src/instantiations.cmake generates.
 template <typename T, int kMaxHeadDim>
 cudaError_t run_flash_attention_simt(const FlashParams& p, cudaStream_t stream);
 
@@ -59,8 +59,9 @@ static ffi::Error FlashAttentionCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi:
                                &p);
   if (err.failure()) return err;
   if (p.head_dim > kMaxCudaHeadDim || p.head_dim_v > kMaxCudaHeadDim)
-    return invalid("the CUDA kernel takes head dims up to " + std::to_string(kMaxCudaHeadDim) +
-                   ", got " + std::to_string(p.head_dim) + "/" + std::to_string(p.head_dim_v));
+    return invalid(kFlashOp, "the CUDA kernel takes head dims up to " +
+                                 std::to_string(kMaxCudaHeadDim) + ", got " +
+                                 std::to_string(p.head_dim) + "/" + std::to_string(p.head_dim_v));
   cudaError_t status = cudaSuccess;
   if (p.fill_uncovered) status = flash_attention_fill_uncovered(p, stream);
   if (status == cudaSuccess && p.batch > 0 && p.total_q > 0) {

@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "ffi_error.h"
 #include "jax_flash/flash_params.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -12,15 +13,8 @@ namespace jax_flash::ffi_impl {
 
 namespace ffi = xla::ffi;
 
-inline ffi::Error invalid(const std::string& msg) {
-  return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jax_flash.flash_attention: " + msg);
-}
-
-inline std::string dims_str(ffi::Span<const int64_t> dims) {
-  std::string s = "[";
-  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
-  return s + "]";
-}
+// The op's name in error messages.
+constexpr const char* kFlashOp = "flash_attention";
 
 // Buffers (see flash_params.h for the layout):
 //   q [Tq, Hq, D], k [Tk, Hkv, D], v [Tk, Hkv, Dv]      float32 | float16 | bfloat16
@@ -34,34 +28,36 @@ inline ffi::Error make_params(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer
                               int32_t window_right, int32_t max_seqlen_q, int32_t fill_uncovered,
                               FlashParams* p) {
   const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
-  if (qd.size() != 3) return invalid("q must be [Tq, Hq, D], got " + dims_str(qd));
-  if (kd.size() != 3) return invalid("k must be [Tk, Hkv, D], got " + dims_str(kd));
-  if (vd.size() != 3) return invalid("v must be [Tk, Hkv, Dv], got " + dims_str(vd));
-  if (kd[2] != qd[2]) return invalid("head_dim of k " + dims_str(kd) + " != q " + dims_str(qd));
+  if (qd.size() != 3) return invalid(kFlashOp, "q must be [Tq, Hq, D], got " + dims_str(qd));
+  if (kd.size() != 3) return invalid(kFlashOp, "k must be [Tk, Hkv, D], got " + dims_str(kd));
+  if (vd.size() != 3) return invalid(kFlashOp, "v must be [Tk, Hkv, Dv], got " + dims_str(vd));
+  if (kd[2] != qd[2])
+    return invalid(kFlashOp, "head_dim of k " + dims_str(kd) + " != q " + dims_str(qd));
   if (vd[0] != kd[0] || vd[1] != kd[1])
-    return invalid("v " + dims_str(vd) + " does not match k " + dims_str(kd));
+    return invalid(kFlashOp, "v " + dims_str(vd) + " does not match k " + dims_str(kd));
   if (kd[1] <= 0 || qd[1] % kd[1] != 0)
-    return invalid("num_heads of q (" + std::to_string(qd[1]) +
-                   ") must be a multiple of num_heads of k (" + std::to_string(kd[1]) + ")");
+    return invalid(kFlashOp, "num_heads of q (" + std::to_string(qd[1]) +
+                                 ") must be a multiple of num_heads of k (" +
+                                 std::to_string(kd[1]) + ")");
   if (k.element_type() != q.element_type() || v.element_type() != q.element_type())
-    return invalid("q, k and v must have the same dtype");
+    return invalid(kFlashOp, "q, k and v must have the same dtype");
   DType dt;
   switch (q.element_type()) {
     case ffi::F32: dt = DType::kFloat32; break;
     case ffi::F16: dt = DType::kFloat16; break;
     case ffi::BF16: dt = DType::kBFloat16; break;
-    default: return invalid("dtype must be float32, float16 or bfloat16");
+    default: return invalid(kFlashOp, "dtype must be float32, float16 or bfloat16");
   }
   const int64_t batch = q_starts.element_count();
   if (q_ends.element_count() != batch || k_starts.element_count() != batch ||
       k_ends.element_count() != batch)
-    return invalid("q_starts, q_ends, k_starts, k_ends must all have the same length");
+    return invalid(kFlashOp, "q_starts, q_ends, k_starts, k_ends must all have the same length");
   const auto od = o->dimensions(), ld = lse->dimensions();
   if (od.size() != 3 || od[0] != qd[0] || od[1] != qd[1] || od[2] != vd[2])
-    return invalid("o must be [Tq, Hq, Dv], got " + dims_str(od));
+    return invalid(kFlashOp, "o must be [Tq, Hq, Dv], got " + dims_str(od));
   if (ld.size() != 2 || ld[0] != qd[1] || ld[1] != qd[0])
-    return invalid("lse must be [Hq, Tq], got " + dims_str(ld));
-  if (qd[0] > INT32_MAX || kd[0] > INT32_MAX) return invalid("more than 2^31-1 rows");
+    return invalid(kFlashOp, "lse must be [Hq, Tq], got " + dims_str(ld));
+  if (qd[0] > INT32_MAX || kd[0] > INT32_MAX) return invalid(kFlashOp, "more than 2^31-1 rows");
 
   p->q = q.untyped_data();
   p->k = k.untyped_data();

@@ -5,22 +5,13 @@
 #include <string>
 #include <utility>
 
+#include "ffi_error.h"
 #include "jax_flash/rope_params.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_flash::ffi_impl {
 
 namespace ffi = xla::ffi;
-
-inline ffi::Error rope_invalid(const std::string& msg, const char* op = "apply_rope") {
-  return ffi::Error(ffi::ErrorCode::kInvalidArgument, std::string("jax_flash.") + op + ": " + msg);
-}
-
-inline std::string rope_dims_str(ffi::Span<const int64_t> dims) {
-  std::string s = "[";
-  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
-  return s + "]";
-}
 
 // Buffers: x [T, H, D] float32 | float16 | bfloat16, positions [T] int32 -> out [T, H, D]
 // (dtype of x). Attributes: style (0 NeoX, 1 GPT-J), rotary_dim (even, 2..min(D, 512)),
@@ -32,28 +23,28 @@ inline ffi::Error make_rope_params(const ffi::AnyBuffer& x,
                                    ffi::Span<const float> inv_freq, RopeParams* p,
                                    const char* op = "apply_rope") {
   const auto xd = x.dimensions();
-  if (xd.size() != 3) return rope_invalid("x must be [T, H, D], got " + rope_dims_str(xd), op);
+  if (xd.size() != 3) return invalid(op, "x must be [T, H, D], got " + dims_str(xd));
   if (static_cast<int64_t>(positions.element_count()) != xd[0])
-    return rope_invalid("positions must be [T] with T = " + std::to_string(xd[0]) + ", got " +
-                        rope_dims_str(positions.dimensions()), op);
+    return invalid(op, "positions must be [T] with T = " + std::to_string(xd[0]) + ", got " +
+                           dims_str(positions.dimensions()));
   if (rotary_dim < 2 || rotary_dim % 2 != 0 || rotary_dim > xd[2] || rotary_dim > kMaxRotaryDim)
-    return rope_invalid("rotary_dim must be even and in [2, min(D, " +
-                        std::to_string(kMaxRotaryDim) + ")] with D = " + std::to_string(xd[2]) +
-                        ", got " + std::to_string(rotary_dim), op);
+    return invalid(op, "rotary_dim must be even and in [2, min(D, " +
+                           std::to_string(kMaxRotaryDim) + ")] with D = " + std::to_string(xd[2]) +
+                           ", got " + std::to_string(rotary_dim));
   if (static_cast<int64_t>(inv_freq.size()) != rotary_dim / 2)
-    return rope_invalid("inv_freq must have rotary_dim / 2 = " + std::to_string(rotary_dim / 2) +
-                        " values, got " + std::to_string(inv_freq.size()), op);
-  if (style != 0 && style != 1) return rope_invalid("style must be 0 (neox) or 1 (gptj)", op);
+    return invalid(op, "inv_freq must have rotary_dim / 2 = " + std::to_string(rotary_dim / 2) +
+                           " values, got " + std::to_string(inv_freq.size()));
+  if (style != 0 && style != 1) return invalid(op, "style must be 0 (neox) or 1 (gptj)");
   const auto od = out.dimensions();
   if (od.size() != 3 || od[0] != xd[0] || od[1] != xd[1] || od[2] != xd[2] ||
       out.element_type() != x.element_type())
-    return rope_invalid("out must have x's shape and dtype, got " + rope_dims_str(od), op);
-  if (xd[1] > INT32_MAX || xd[2] > INT32_MAX) return rope_invalid("more than 2^31-1 heads", op);
+    return invalid(op, "out must have x's shape and dtype, got " + dims_str(od));
+  if (xd[1] > INT32_MAX || xd[2] > INT32_MAX) return invalid(op, "more than 2^31-1 heads");
   switch (x.element_type()) {
     case ffi::F32: p->dtype = DType::kFloat32; break;
     case ffi::F16: p->dtype = DType::kFloat16; break;
     case ffi::BF16: p->dtype = DType::kBFloat16; break;
-    default: return rope_invalid("x must be float32, float16 or bfloat16", op);
+    default: return invalid(op, "x must be float32, float16 or bfloat16");
   }
   p->x = x.untyped_data();
   p->positions = positions.typed_data();

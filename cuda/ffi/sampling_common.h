@@ -6,22 +6,13 @@
 #include <string>
 #include <utility>
 
+#include "ffi_error.h"
 #include "jax_flash/sampling_params.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_flash::ffi_impl {
 
 namespace ffi = xla::ffi;
-
-inline ffi::Error sampling_invalid(const char* op, const std::string& msg) {
-  return ffi::Error(ffi::ErrorCode::kInvalidArgument, std::string("jax_flash.") + op + ": " + msg);
-}
-
-inline std::string sampling_dims_str(ffi::Span<const int64_t> dims) {
-  std::string s = "[";
-  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
-  return s + "]";
-}
 
 // Buffers:
 //   logits [B, V] float32 | float16 | bfloat16; temperature, top_p, min_p [B] float32;
@@ -32,25 +23,23 @@ inline ffi::Error make_sampling_params(const char* op, ffi::AnyBuffer logits,
                                        ffi::Buffer<ffi::S32> top_k, ffi::Buffer<ffi::F32> top_p,
                                        ffi::Buffer<ffi::F32> min_p, SamplingParams* p) {
   const auto ld = logits.dimensions();
-  if (ld.size() != 2)
-    return sampling_invalid(op, "logits must be [B, V], got " + sampling_dims_str(ld));
+  if (ld.size() != 2) return invalid(op, "logits must be [B, V], got " + dims_str(ld));
   const int64_t B = ld[0], V = ld[1];
   if (V < 1 || V > sampling::kMaxVocab)
-    return sampling_invalid(op, "the vocabulary size must be in [1, 2^24 - 1], got " +
-                                    std::to_string(V));
+    return invalid(op, "the vocabulary size must be in [1, 2^24 - 1], got " + std::to_string(V));
   const std::pair<const char*, int64_t> vectors[] = {{"temperature", temperature.element_count()},
                                                      {"top_k", top_k.element_count()},
                                                      {"top_p", top_p.element_count()},
                                                      {"min_p", min_p.element_count()}};
   for (const auto& [name, n] : vectors)
     if (n != B)
-      return sampling_invalid(op, std::string(name) + " must have B = " + std::to_string(B) +
-                                      " elements, got " + std::to_string(n));
+      return invalid(op, std::string(name) + " must have B = " + std::to_string(B) +
+                             " elements, got " + std::to_string(n));
   switch (logits.element_type()) {
     case ffi::F32: p->dtype = DType::kFloat32; break;
     case ffi::F16: p->dtype = DType::kFloat16; break;
     case ffi::BF16: p->dtype = DType::kBFloat16; break;
-    default: return sampling_invalid(op, "logits must be float32, float16 or bfloat16");
+    default: return invalid(op, "logits must be float32, float16 or bfloat16");
   }
   p->logits = logits.untyped_data();
   p->temperature = temperature.typed_data();
@@ -70,10 +59,9 @@ inline ffi::Error set_sample_outputs(ffi::Buffer<ffi::U32> seeds,
                                      SamplingParams* p) {
   const auto sd = seeds.dimensions();
   if (sd.size() != 2 || sd[0] != p->batch || sd[1] != 3)
-    return sampling_invalid("sample", "seeds must be [B, 3], got " + sampling_dims_str(sd));
+    return invalid("sample", "seeds must be [B, 3], got " + dims_str(sd));
   if (tokens->element_count() != p->batch)
-    return sampling_invalid("sample", "tokens must be [B], got " +
-                                          sampling_dims_str(tokens->dimensions()));
+    return invalid("sample", "tokens must be [B], got " + dims_str(tokens->dimensions()));
   p->seeds = seeds.typed_data();
   p->tokens = tokens->typed_data();
   return ffi::Error::Success();
@@ -84,9 +72,8 @@ inline ffi::Error set_filter_output(ffi::AnyBuffer logits, ffi::Result<ffi::AnyB
   const auto ld = logits.dimensions(), md = masked->dimensions();
   if (md.size() != 2 || md[0] != ld[0] || md[1] != ld[1] ||
       masked->element_type() != logits.element_type())
-    return sampling_invalid("top_k_top_p_filter",
-                            "the output must have the logits' shape and dtype, got " +
-                                sampling_dims_str(md));
+    return invalid("top_k_top_p_filter",
+                   "the output must have the logits' shape and dtype, got " + dims_str(md));
   p->masked = masked->untyped_data();
   return ffi::Error::Success();
 }

@@ -1,6 +1,6 @@
 // Device helpers shared by the fused prefill-attention kernels (SIMT fallback and tensor-core
-// kernels): dtype conversion, the fill_uncovered launcher, and the mapping of a linear q-tile
-// index onto (sequence, q block) for packed/varlen calls. See flash_params.h for the contract.
+// kernels): the fill_uncovered launcher and the mapping of a linear q-tile index onto
+// (sequence, q block) for packed/varlen calls. See flash_params.h for the contract.
 //
 // No XLA headers here.
 #pragma once
@@ -9,142 +9,14 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
+#include "jax_flash/dtype.cuh"
 #include "jax_flash/flash_params.h"
+#include "jax_flash/launch.cuh"
 
 namespace jax_flash {
-
-// ---------------------------------------------------------------------------------------------
-// dtype <-> float
-// ---------------------------------------------------------------------------------------------
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) {
-  return __float2half_rn(x);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-
-template <typename T>
-struct FlashDTypeOf;
-template <>
-struct FlashDTypeOf<float> {
-  static constexpr DType value = DType::kFloat32;
-};
-template <>
-struct FlashDTypeOf<__half> {
-  static constexpr DType value = DType::kFloat16;
-};
-template <>
-struct FlashDTypeOf<__nv_bfloat16> {
-  static constexpr DType value = DType::kBFloat16;
-};
-
-inline int flash_dtype_size(DType t) { return t == DType::kFloat32 ? 4 : 2; }
-
-// Number of elements of T in 16 bytes.
-template <typename T>
-struct Vec16 {
-  static constexpr int kElems = 16 / static_cast<int>(sizeof(T));
-};
-
-// Loads 16 bytes (16-byte aligned) holding Vec16<T>::kElems elements, as floats.
-template <typename T>
-__device__ __forceinline__ void load16_to_float(const T* src, float* dst);
-
-template <>
-__device__ __forceinline__ void load16_to_float<float>(const float* src, float* dst) {
-  const float4 v = __ldg(reinterpret_cast<const float4*>(src));
-  dst[0] = v.x;
-  dst[1] = v.y;
-  dst[2] = v.z;
-  dst[3] = v.w;
-}
-
-template <>
-__device__ __forceinline__ void load16_to_float<__half>(const __half* src, float* dst) {
-  const uint4 v = __ldg(reinterpret_cast<const uint4*>(src));
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    __half2 h;
-    memcpy(&h, &w[i], 4);
-    const float2 f = __half22float2(h);
-    dst[2 * i] = f.x;
-    dst[2 * i + 1] = f.y;
-  }
-}
-
-template <>
-__device__ __forceinline__ void load16_to_float<__nv_bfloat16>(const __nv_bfloat16* src,
-                                                               float* dst) {
-  const uint4 v = __ldg(reinterpret_cast<const uint4*>(src));
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    // bf16 -> f32 is a shift: low half is element 2i, high half element 2i+1.
-    dst[2 * i] = __uint_as_float(w[i] << 16);
-    dst[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-  }
-}
-
-// Raw 16-byte load (kept as bits so that many loads can be in flight before conversion).
-__device__ __forceinline__ uint4 load16_raw(const void* src) {
-  return __ldg(reinterpret_cast<const uint4*>(src));
-}
-
-// Converts 16 raw bytes holding Vec16<T>::kElems elements to floats.
-template <typename T>
-__device__ __forceinline__ void raw16_to_float(const uint4& v, float* dst) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-  if constexpr (sizeof(T) == 4) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) dst[i] = __uint_as_float(w[i]);
-  } else if constexpr (FlashDTypeOf<T>::value == DType::kBFloat16) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      dst[2 * i] = __uint_as_float(w[i] << 16);
-      dst[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      __half2 h;
-      memcpy(&h, &w[i], 4);
-      const float2 f = __half22float2(h);
-      dst[2 * i] = f.x;
-      dst[2 * i + 1] = f.y;
-    }
-  }
-}
-
-// Stores 4 floats as 4 elements of T at dst (aligned to 4 * sizeof(T) bytes).
-template <typename T>
-__device__ __forceinline__ void store4_from_float(T* dst, float a, float b, float c, float d) {
-  if constexpr (sizeof(T) == 4) {
-    *reinterpret_cast<float4*>(dst) = make_float4(a, b, c, d);
-  } else {
-    const T e[4] = {from_float<T>(a), from_float<T>(b), from_float<T>(c), from_float<T>(d)};
-    uint2 u;
-    memcpy(&u, e, 8);
-    *reinterpret_cast<uint2*>(dst) = u;
-  }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Tile scheduling for packed/varlen calls
@@ -282,8 +154,9 @@ __global__ void __launch_bounds__(256) flash_fill_uncovered_kernel(FlashParams p
 }
 
 inline cudaError_t flash_attention_fill_uncovered(const FlashParams& p, cudaStream_t stream) {
-  if (p.total_q <= 0 || p.num_heads <= 0 || p.head_dim_v <= 0) return cudaSuccess;
-  const int32_t eb = flash_dtype_size(p.dtype);
+  // With head_dim_v 0 only lse is filled.
+  if (p.total_q <= 0 || p.num_heads <= 0 || p.head_dim_v < 0) return cudaSuccess;
+  const int32_t eb = dtype_size(p.dtype);
   const int64_t row_bytes = static_cast<int64_t>(p.num_heads) * p.head_dim_v * eb;
   const bool vec16 = (reinterpret_cast<uintptr_t>(p.o) % 16 == 0) &&
                      ((p.o_row_stride * eb) % 16 == 0) && (row_bytes % 16 == 0);
@@ -291,33 +164,5 @@ inline cudaError_t flash_attention_fill_uncovered(const FlashParams& p, cudaStre
   flash_fill_uncovered_kernel<0><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p, eb, vec16);
   return cudaGetLastError();
 }
-
-#if defined(__CUDACC__)
-// Raises Kernel's dynamic shared-memory limit to `bytes` and asks for the max-shared carveout on
-// the current device, once per device (again only for a larger size): cudaFuncSetAttribute costs
-// host time on every call, which a jitted decode loop would pay per layer and step.
-template <auto Kernel>
-inline cudaError_t ensure_smem_attrs(size_t bytes) {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<size_t> configured[kMaxDevices];  // bytes set so far (0: none)
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return err;
-  const bool tracked = dev >= 0 && dev < kMaxDevices;
-  if (tracked && configured[dev].load(std::memory_order_acquire) >= bytes) return cudaSuccess;
-  err = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(bytes));
-  if (err != cudaSuccess) return err;
-  err = cudaFuncSetAttribute(Kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                             cudaSharedmemCarveoutMaxShared);
-  if (err != cudaSuccess) return err;
-  if (tracked) {
-    size_t cur = configured[dev].load(std::memory_order_acquire);
-    while (cur < bytes && !configured[dev].compare_exchange_weak(cur, bytes)) {
-    }
-  }
-  return cudaSuccess;
-}
-#endif
 
 }  // namespace jax_flash

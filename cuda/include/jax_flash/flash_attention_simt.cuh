@@ -589,9 +589,9 @@ inline bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr)
 // default one for the head-dim bound).
 template <typename T, typename Cfg>
 cudaError_t run_flash_attention_simt_cfg(const FlashParams& p, cudaStream_t stream) {
-  if (p.dtype != FlashDTypeOf<T>::value) return cudaErrorInvalidValue;
-  if (p.head_dim <= 0 || p.head_dim > Cfg::kMaxD || p.head_dim_v <= 0 ||
-      p.head_dim_v > Cfg::kMaxD)
+  if (p.dtype != DTypeOf<T>::value) return cudaErrorInvalidValue;
+  // head_dim_v 0 is valid: no o, but lse is computed.
+  if (p.head_dim <= 0 || p.head_dim > Cfg::kMaxD || p.head_dim_v < 0 || p.head_dim_v > Cfg::kMaxD)
     return cudaErrorInvalidValue;
   if (p.batch < 0 || p.total_q < 0 || p.total_k < 0 || p.num_heads < 0)
     return cudaErrorInvalidValue;
@@ -624,16 +624,17 @@ cudaError_t run_flash_attention_simt_cfg(const FlashParams& p, cudaStream_t stre
 }  // namespace simt
 
 // Fused prefill attention on CUDA cores. T: float, __half or __nv_bfloat16 (must match
-// p.dtype); kMaxHeadDim (64, 128 or 256) bounds head_dim and head_dim_v (any value in
-// [1, kMaxHeadDim]). Does not clear uncovered rows: call flash_attention_fill_uncovered first
-// when p.fill_uncovered is set. Asynchronous on `stream`; returns the launch status.
+// p.dtype); kMaxHeadDim (64, 128 or 256) bounds head_dim (in [1, kMaxHeadDim]) and head_dim_v
+// (in [0, kMaxHeadDim]). Does not clear uncovered rows: call flash_attention_fill_uncovered
+// first when p.fill_uncovered is set. Asynchronous on `stream`; returns the launch status.
 template <typename T, int kMaxHeadDim>
 cudaError_t run_flash_attention_simt(const FlashParams& p, cudaStream_t stream) {
   return simt::run_flash_attention_simt_cfg<T, typename simt::DefaultConfig<T, kMaxHeadDim>::type>(
       p, stream);
 }
 
-// Explicit instantiations live in cuda/src/flash_attention_simt_{f32,f16,bf16}_d{64,128,256}.cu.
+// Instantiated once each in the files flash_attention_simt_{f32,f16,bf16}_d{64,128,256}.cu that
+// cuda/src/instantiations.cmake generates.
 #define JAX_FLASH_DECLARE_SIMT(T, D) \
   extern template cudaError_t run_flash_attention_simt<T, D>(const FlashParams&, cudaStream_t);
 JAX_FLASH_DECLARE_SIMT(float, 64)

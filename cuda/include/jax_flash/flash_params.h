@@ -21,9 +21,9 @@
 
 #include <cstdint>
 
-namespace jax_flash {
+#include "jax_flash/dtype.h"
 
-enum class DType : int32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+namespace jax_flash {
 
 struct FlashParams {
   const void* q;  // [total_q, num_heads,   head_dim]   dtype
@@ -64,12 +64,6 @@ struct FlashParams {
 struct SeqExtent {
   int32_t q_start, q_len, k_start, k_len;
 };
-
-#if defined(__CUDACC__)
-#define JAX_FLASH_HD __host__ __device__ __forceinline__
-#else
-#define JAX_FLASH_HD inline
-#endif
 
 JAX_FLASH_HD int32_t clamp_i32(int32_t x, int32_t lo, int32_t hi) {
   return x < lo ? lo : (x > hi ? hi : x);

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 
+#include "jax_flash/dtype.cuh"  // DTypeOf
 #include "jax_flash/kv_cache.cuh"
 #include "jax_flash/kv_cache_rope_params.h"
 #include "jax_flash/policy/limits.h"
@@ -112,7 +113,7 @@ __device__ __forceinline__ T rotated_feature(const RopeParams& r, const float* c
 
 template <typename T, RopeStyle kStyle, CacheDType CT>
 __global__ void __launch_bounds__(kThreads) append_rope_quant_kernel(const AppendKVRopeParams p) {
-  constexpr DType DT = FlashDTypeOf<T>::value;
+  constexpr DType DT = DTypeOf<T>::value;
   using TI = typename KV::InElem<DT>::T;  // the storage type append_kv's quantisation reads
   __shared__ float cos_t[kMaxRotaryDim / 2], sin_t[kMaxRotaryDim / 2];
   extern __shared__ unsigned char rows_smem[];  // kWarps rotated K rows [head_dim] of T

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "jax_flash/flash_params.h"  // JAX_FLASH_HD
+#include "jax_flash/dtype.h"  // JAX_FLASH_HD
 
 #include <cmath>
 #include <cstring>

@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "jax_flash/flash_params.h"  // JAX_FLASH_HD
+#include "jax_flash/dtype.h"  // JAX_FLASH_HD
 
 namespace jax_flash {
 namespace philox {

@@ -12,7 +12,7 @@
 
 #include <cstdint>
 
-#include "jax_flash/flash_attention_common.cuh"  // to_float, from_float
+#include "jax_flash/dtype.cuh"  // to_float, from_float
 #include "jax_flash/rope_params.h"
 
 namespace jax_flash {

@@ -34,7 +34,7 @@
 
 #include <cstdint>
 
-#include "jax_flash/flash_attention_common.cuh"  // to_float, from_float, raw16_to_float
+#include "jax_flash/dtype.cuh"  // to_float, from_float, raw16_to_float
 #include "jax_flash/sampling_params.h"
 
 namespace jax_flash {

@@ -34,7 +34,7 @@
 
 #include <cstdint>
 
-#include "jax_flash/flash_params.h"  // DType, JAX_FLASH_HD
+#include "jax_flash/dtype.h"  // DType, JAX_FLASH_HD
 #include "jax_flash/numeric.h"       // f2u, u2f
 #include "jax_flash/philox.h"
 

@@ -1,6 +1,0 @@
-// Tensor-core prefill attention, __half, head dim 128.
-#include "jax_flash/flash_attention_mma.cuh"
-
-namespace jax_flash {
-template cudaError_t run_flash_attention_mma<__half, 128>(const FlashParams&, cudaStream_t);
-}  // namespace jax_flash

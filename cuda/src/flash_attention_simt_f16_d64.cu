@@ -1,6 +1,0 @@
-// Explicit instantiation of the SIMT prefill-attention launcher for __half, head dims <= 64.
-#include "jax_flash/flash_attention_simt.cuh"
-
-namespace jax_flash {
-template cudaError_t run_flash_attention_simt<__half, 64>(const FlashParams&, cudaStream_t);
-}  // namespace jax_flash

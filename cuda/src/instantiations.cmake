@@ -1,0 +1,83 @@
+# The CUDA kernels' explicit instantiations: one generated .cu per (kernel, element types), each
+# the set of head dims (and cache types) that the dispatch of its header selects at run time, so
+# that every launcher is compiled once and the heavy kernels compile in parallel, one compile
+# unit (and its memory) each. The files are written from instantiation.cu.in into the build tree;
+# JAX_FLASH_INSTANTIATION_SOURCES lists them.
+
+set(JAX_FLASH_INSTANTIATION_SOURCES "")
+
+# Writes instantiations/<stem>.cu: `template cudaError_t <FUNCTION><args>(const <PARAMS>&,
+# cudaStream_t);` for each element of ARGS (template arguments, e.g. "__half, 128"), with HEADER
+# included. WHAT says in words what the file instantiates.
+function(jax_flash_instantiate stem)
+  cmake_parse_arguments(JF "" "HEADER;FUNCTION;PARAMS;WHAT" "ARGS" ${ARGN})
+  set(JF_INSTANTIATIONS "")
+  foreach(args IN LISTS JF_ARGS)
+    string(APPEND JF_INSTANTIATIONS
+           "template cudaError_t ${JF_FUNCTION}<${args}>(const ${JF_PARAMS}&, cudaStream_t);\n")
+  endforeach()
+  set(out "${CMAKE_CURRENT_BINARY_DIR}/instantiations/${stem}.cu")
+  # Rewritten only when the text changes, so a re-configure does not recompile the kernels.
+  configure_file("${CMAKE_CURRENT_FUNCTION_LIST_DIR}/instantiation.cu.in" "${out}" @ONLY)
+  set(JAX_FLASH_INSTANTIATION_SOURCES ${JAX_FLASH_INSTANTIATION_SOURCES} "${out}" PARENT_SCOPE)
+endfunction()
+
+# Element types by file-name tag.
+set(_jf_type_f32 float)
+set(_jf_type_f16 __half)
+set(_jf_type_bf16 __nv_bfloat16)
+set(_jf_head_dims 64 128 256)
+set(_jf_quant_cache_types int8_t __nv_fp8_e4m3)
+
+# Prefill: one file per (dtype, head dim) of the CUDA-core kernel (every dtype; the head dim
+# bounds head_dim and head_dim_v) and of the tensor-core kernel (16-bit dtypes; head_dim ==
+# head_dim_v == the head dim).
+foreach(kernel simt mma)
+  set(tags f16 bf16)
+  if(kernel STREQUAL "simt")
+    set(tags f32 f16 bf16)
+  endif()
+  foreach(tag IN LISTS tags)
+    foreach(d IN LISTS _jf_head_dims)
+      jax_flash_instantiate(flash_attention_${kernel}_${tag}_d${d}
+        HEADER jax_flash/flash_attention_${kernel}.cuh FUNCTION run_flash_attention_${kernel}
+        PARAMS FlashParams WHAT "${_jf_type_${tag}}, head dim ${d}"
+        ARGS "${_jf_type_${tag}}, ${d}")
+    endforeach()
+  endforeach()
+endforeach()
+
+# Paged decode: q of each dtype (tag) with a cache of its own type (file <kernel>_<tag>) and with
+# the quantized caches (<kernel>_<tag>_q8). The template arguments follow `same` / `quant`, in
+# which @T@, @TC@ and @D@ stand for the q type, the cache type and the head dim.
+function(jax_flash_instantiate_paged kernel function tags same quant)
+  foreach(tag IN LISTS tags)
+    set(T ${_jf_type_${tag}})
+    set(same_args "")
+    set(quant_args "")
+    foreach(D IN LISTS _jf_head_dims)
+      string(CONFIGURE "${same}" a @ONLY)
+      list(APPEND same_args "${a}")
+    endforeach()
+    foreach(TC IN LISTS _jf_quant_cache_types)
+      foreach(D IN LISTS _jf_head_dims)
+        string(CONFIGURE "${quant}" a @ONLY)
+        list(APPEND quant_args "${a}")
+      endforeach()
+    endforeach()
+    jax_flash_instantiate(${kernel}_${tag}
+      HEADER jax_flash/${kernel}.cuh FUNCTION ${function} PARAMS PagedAttentionParams
+      WHAT "q and cache of type ${T}" ARGS ${same_args})
+    jax_flash_instantiate(${kernel}_${tag}_q8
+      HEADER jax_flash/${kernel}.cuh FUNCTION ${function} PARAMS PagedAttentionParams
+      WHAT "q of type ${T}, int8 and float8 e4m3 caches" ARGS ${quant_args})
+  endforeach()
+  set(JAX_FLASH_INSTANTIATION_SOURCES ${JAX_FLASH_INSTANTIATION_SOURCES} PARENT_SCOPE)
+endfunction()
+
+# CUDA cores: every q dtype, <TQ, TC, D>.
+jax_flash_instantiate_paged(paged_attention paged::launch_paged_attention "f32;f16;bf16"
+                            "@T@, @T@, @D@" "@T@, @TC@, @D@")
+# Tensor cores: 16-bit q, <T, D> (the cache type defaults to T) and <T, D, TC>.
+jax_flash_instantiate_paged(paged_attention_mma paged::launch_paged_attention_mma "f16;bf16"
+                            "@T@, @D@" "@T@, @D@, @TC@")
