@@ -5,9 +5,10 @@
 // causal, windows, softcap, splits, bad block-table data), then a timing of both kernels on
 // large decode shapes (16-bit and 8-bit caches).
 //
-// Build and run from the repository root:
+// Build and run from the repository root (the configure step writes the kernel instantiations):
+//   cmake -S . -B build/cuda -G Ninja -DJAX_FLASH_CUDA=ON -DPython_EXECUTABLE=$(which python)
 //   nvcc -I cuda/include -std=c++17 -O3 --expt-relaxed-constexpr -gencode arch=compute_90a,code=sm_90a \
-//     -o /tmp/pm tools/paged_mma_check.cu cuda/src/paged_attention_mma_*.cu && /tmp/pm
+//     -o /tmp/pm tools/paged_mma_check.cu build/cuda/instantiations/paged_attention_mma_*.cu && /tmp/pm
 // Exit status 0 when every case passes. Flags: --no-timing (correctness only), --q8 (only the
 // 8-bit cache cases and timing rows, with bf16 reference rows), --profile (one launch of the
 // tensor-core kernel per row at 64 x 8k, for ncu), --bw (only the tensor-core kernel's time at

@@ -25,16 +25,13 @@
 #include <utility>
 #include <vector>
 
+#include "cpu_math.h"  // JF_INLINE, JF_RESTRICT, exp_approx, tanh_approx, round_up
 #include "jax_flash/numeric.h"
 #include "thread_pool.h"
 
 #if defined(__GNUC__)
-#define JF_INLINE inline __attribute__((always_inline))
-#define JF_RESTRICT __restrict__
-#define JF_VECTOR 1
+#define JF_VECTOR 1  // GCC vector extensions
 #else
-#define JF_INLINE inline
-#define JF_RESTRICT
 #define JF_VECTOR 0
 #endif
 
@@ -60,50 +57,11 @@ constexpr int kTargetItems = 64;    // split sequences until there are about thi
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-JF_INLINE int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 JF_INLINE int64_t ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
 
-// ---------------------------------------------------------------------------------------------
-// Math that vectorises (no libm calls).
-
-// Cephes expf polynomial, about 1 ulp for x in [-87, 88]; exactly 0 for x < -87 (and -inf),
-// nan for nan. The select is a bit mask so that GCC keeps the loop vectorised (a float clamp
-// of t before the conversion would not be if-converted and would keep the loop scalar; the
-// vector conversion of out-of-range t gives INT_MIN, clamped below).
-JF_INLINE float exp_approx(float x) {
-  const float t = x * 1.44269504088896341f;
-  int32_t n = static_cast<int32_t>(t + (t < 0.0f ? -0.5f : 0.5f));
-  n = n < -126 ? -126 : n;
-  n = n > 127 ? 127 : n;
-  const float fn = static_cast<float>(n);
-  float r = x - fn * 0.693359375f;
-  r = r - fn * -2.12194440e-4f;
-  float y = 1.9875691500e-4f;
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * (r * r) + r + 1.0f;
-  const float e = y * nm::u2f(static_cast<uint32_t>(n + 127) << 23);
-  const uint32_t keep = 0u - static_cast<uint32_t>(!(x < -87.0f));
-  return nm::u2f(nm::f2u(e) & keep);
-}
-
-// tanh: Cephes tanhf polynomial for |x| < 0.625, (1 - e) / (1 + e) with e = exp(-2|x|) above.
-JF_INLINE float tanh_approx(float x) {
-  const float a = x < 0.0f ? -x : x;
-  const float z = x * x;
-  const float small =
-      ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z +
-        1.33314422036e-1f) * z - 3.33332819422e-1f) * z * x + x;
-  const float e = exp_approx(-2.0f * a);
-  const float big = (1.0f - e) / (1.0f + e);  // tanh(|x|)
-  // Selects as bit masks (keeps the loop vectorised for every ISA).
-  const uint32_t big_signed = nm::f2u(big) | (nm::f2u(x) & 0x80000000u);
-  const uint32_t use_small = 0u - static_cast<uint32_t>(a < 0.625f);
-  return nm::u2f((nm::f2u(small) & use_small) | (big_signed & ~use_small));
-}
+using cpu::exp_approx;
+using cpu::round_up;
+using cpu::tanh_approx;
 
 // ---------------------------------------------------------------------------------------------
 // Cache element -> float32 (before the scale).

@@ -7,29 +7,13 @@
 #include <string>
 #include <utility>
 
+#include "ffi_error.h"
 #include "jax_flash/paged_params.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_flash::paged_ffi {
 
 namespace ffi = xla::ffi;
-
-inline ffi::Error invalid(const char* op, const std::string& msg) {
-  return ffi::Error(ffi::ErrorCode::kInvalidArgument, std::string("jax_flash.") + op + ": " + msg);
-}
-
-inline std::string dims_str(ffi::Span<const int64_t> dims) {
-  std::string s = "[";
-  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
-  return s + "]";
-}
-
-inline std::string dims_str(std::initializer_list<int64_t> dims) {
-  std::string s = "[";
-  size_t i = 0;
-  for (int64_t d : dims) s += (i++ ? ", " : "") + std::to_string(d);
-  return s + "]";
-}
 
 inline const char* dtype_name(ffi::DataType t) {
   switch (t) {

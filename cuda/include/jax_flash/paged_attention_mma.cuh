@@ -64,7 +64,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "jax_flash/flash_attention_mma.cuh"  // mma_detail: ldmatrix, mma_16816, pack2, swizzle
+#include "jax_flash/mma_sync.cuh"  // mma_detail: ldmatrix, mma_16816, pack2, swizzle
 #include "jax_flash/paged/common.cuh"
 #include "jax_flash/paged/launch.cuh"
 #include "jax_flash/paged/merge.cuh"

@@ -33,7 +33,7 @@
 
 #include <cstdint>
 
-#include "jax_flash/flash_params.h"  // DType, JAX_FLASH_HD
+#include "jax_flash/dtype.h"  // DType, JAX_FLASH_HD
 
 namespace jax_flash {
 

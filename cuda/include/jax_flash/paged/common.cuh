@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "jax_flash/flash_attention_common.cuh"  // store4_from_float
+#include "jax_flash/dtype.cuh"  // store4_from_float
 #include "jax_flash/paged/ptx.cuh"
 #include "jax_flash/paged_params.h"
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "jax_flash/flash_attention_common.cuh"  // ensure_smem_attrs
+#include "jax_flash/launch.cuh"  // ensure_smem_attrs
 #include "jax_flash/paged/common.cuh"
 #include "jax_flash/paged/merge.cuh"
 #include "jax_flash/paged/ptx.cuh"
