@@ -2,7 +2,7 @@
 masked non-finite values in the reference, the source tree run from its root, CI, the example."""
 
 import functools
-import importlib.util
+import importlib.machinery
 import os
 import pathlib
 import shutil
@@ -290,3 +290,110 @@ def test_strict_arguments_accept_numpy_types(rng):
     )
     np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
     assert reference.normalize_window(np.bool_(False), [np.int16(2), 0]) == (2, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# 9. Python run from a checkout's root imports the unbuilt source folder: it must find the
+# installed copy's native modules (a non-editable install), or say what to do
+
+
+def _extensions():
+    folder = pathlib.Path(jax_flash._native._cpu.__file__).parent
+    return [f for f in folder.iterdir() if f.name.startswith(("_cpu.", "_cuda."))]
+
+
+def _unbuilt_checkout(tmp_path):
+    """A copy of the package's Python files, as in a fresh clone (no native modules)."""
+    src = tmp_path / "checkout"
+    shutil.copytree(
+        ROOT / "jax_flash",
+        src / "jax_flash",
+        ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyd"),
+    )
+    return src
+
+
+def _run_isolated(cwd, path, code):
+    """`python -S -c code` in cwd with sys.path = [cwd] + path + this environment's packages,
+    without the site hooks (an editable install's import redirection)."""
+    paths = sysconfig.get_paths()
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([*map(str, path), paths["purelib"], paths["platlib"]]),
+    )
+    env["JAX_PLATFORMS"] = "cpu"
+    return subprocess.run(
+        [sys.executable, "-S", "-c", code],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_source_tree_uses_installed_native_modules(tmp_path):
+    src = _unbuilt_checkout(tmp_path)
+    site = tmp_path / "site"
+    (site / "jax_flash").mkdir(parents=True)
+    for f in _extensions():
+        shutil.copy(f, site / "jax_flash" / f.name)
+    code = (
+        "import jax.numpy as jnp, jax_flash\n"
+        "print(jax_flash.__file__)\n"
+        "print(jax_flash._native._cpu.__file__)\n"
+        "x = jnp.ones((1, 5, 2, 8), jnp.float32)\n"
+        "print(float(jax_flash.flash_attention(x, x, x, causal=True).sum()))\n"
+    )
+    run = _run_isolated(src, [site], code)
+    assert run.returncode == 0, run.stderr
+    package, native, total = run.stdout.split()
+    assert pathlib.Path(package).parent == (src / "jax_flash").resolve()
+    assert pathlib.Path(native).parent == (site / "jax_flash").resolve()
+    assert float(total) == 80.0
+
+
+def test_find_installed_native(tmp_path):
+    here = tmp_path / "checkout" / "jax_flash"
+    here.mkdir(parents=True)
+    (here / "_cpu.so").write_bytes(b"")  # the package's own folder never counts
+    python_only = tmp_path / "a" / "jax_flash"
+    python_only.mkdir(parents=True)
+    (python_only / "__init__.py").write_text("")
+    built = tmp_path / "b" / "jax_flash"
+    built.mkdir(parents=True)
+    ext = "_cpu" + importlib.machinery.EXTENSION_SUFFIXES[0]
+    (built / ext).write_bytes(b"")
+    paths = [
+        str(tmp_path / "checkout"),
+        str(tmp_path / "a"),
+        str(tmp_path / "missing"),
+        str(tmp_path / "b"),
+    ]
+    find = jax_flash._native.find_installed_native
+    assert find(here.resolve(), paths) == built.resolve()
+    assert find(here.resolve(), paths[:3]) is None
+
+
+def test_unbuilt_source_tree_message(tmp_path):
+    """With no native modules anywhere, the error names the cause and the fix."""
+    src = _unbuilt_checkout(tmp_path)
+    # Only the packages jax_flash imports, without any jax_flash folder holding the modules.
+    deps = tmp_path / "deps"
+    deps.mkdir()
+    purelib = pathlib.Path(sysconfig.get_paths()["purelib"])
+    for entry in purelib.iterdir():
+        if entry.name != "jax_flash" and not entry.name.startswith("_editable"):
+            (deps / entry.name).symlink_to(entry)
+    env = dict(os.environ, PYTHONPATH=str(deps), JAX_PLATFORMS="cpu")
+    run = subprocess.run(
+        [sys.executable, "-S", "-c", "import jax_flash"],
+        cwd=src,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode != 0
+    assert "unbuilt source checkout" in run.stderr
+    assert "pip install --no-build-isolation -e ." in run.stderr
