@@ -397,3 +397,16 @@ def test_unbuilt_source_tree_message(tmp_path):
     assert run.returncode != 0
     assert "unbuilt source checkout" in run.stderr
     assert "pip install --no-build-isolation -e ." in run.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# 11. CI installs torch and transformers from the default index, and fails if it cannot
+
+
+def test_ci_installs_parity_dependencies():
+    script = (ROOT / ".ci" / "run").read_text()
+    assert "index-url" not in script and " -i " not in script, "CI names another package index"
+    top_level = [line.strip() for line in script.splitlines() if not line.startswith((" ", "#"))]
+    assert any(line.startswith("pip install -q torch==") for line in top_level)
+    assert "pip install -q transformers" in top_level
+    assert "set -euo pipefail" in top_level, "a failed install must fail CI"
