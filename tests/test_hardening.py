@@ -3,8 +3,11 @@ masked non-finite values in the reference, the source tree run from its root, CI
 
 import functools
 import importlib.machinery
+import importlib.util
+import io
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -410,3 +413,61 @@ def test_ci_installs_parity_dependencies():
     assert any(line.startswith("pip install -q torch==") for line in top_level)
     assert "pip install -q transformers" in top_level
     assert "set -euo pipefail" in top_level, "a failed install must fail CI"
+
+
+# ---------------------------------------------------------------------------------------------
+# 12. examples/generate.py: its arguments, and the progress bar's last line
+
+
+@pytest.fixture(scope="module")
+def generate_example():
+    pytest.importorskip("flax.nnx")
+    spec = importlib.util.spec_from_file_location("generate_example", ROOT / "examples/generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--prompt", "hi"], r"--prompt needs --checkpoint"),
+        (["--num-beams", "0"], r"--num-beams: must be >= 1, got 0"),
+        (["--steps-per-call", "0"], r"--steps-per-call: must be >= 1, got 0"),
+        (["--page-size", "-1"], r"--page-size: must be >= 1"),
+        (["--max-new-tokens", "x"], r"--max-new-tokens: expected an integer"),
+        (["--dtype", "int8"], r"--dtype: unknown dtype 'int8'"),
+    ],
+)
+def test_generate_example_argument_errors(generate_example, capsys, argv, match):
+    with pytest.raises(SystemExit) as exit_info:
+        generate_example.parse_args(argv)
+    assert exit_info.value.code == 2
+    assert re.search(match, capsys.readouterr().err)
+
+
+def test_generate_example_arguments(generate_example):
+    for alias, name in [("bf16", "bfloat16"), ("FP16", "float16"), ("fp32", "float32")]:
+        assert generate_example.parse_args(["--dtype", alias]).dtype == name
+    args = generate_example.parse_args(["--checkpoint", "d", "--prompt", "a", "--prompt", "b"])
+    assert args.prompt == ["a", "b"] and args.num_beams is None
+    undocumented = [a.dest for a in generate_example.build_parser()._actions if not a.help]
+    assert not undocumented, f"options without help text: {undocumented}"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_generate_example_progress_bar_ends_its_line(generate_example, tty):
+    stream = _Terminal() if tty else io.StringIO()
+    bar = generate_example.ProgressBar("demo", stream=stream)
+    bar(8, 32)
+    bar(16, 32)  # every sequence stopped early: no call with step == total
+    bar.close()
+    bar.close()
+    print("next", file=stream)
+    lines = stream.getvalue().replace("\r", "\n").split("\n")
+    assert lines[-2] == "next" and lines[-3].endswith("16/32 steps")
