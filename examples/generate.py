@@ -139,24 +139,14 @@ def build_parser():
         action="append",
         help="prompt text, repeatable (needs --checkpoint: the random model has no tokenizer)",
     )
-    parser.add_argument(
-        "--max-new-tokens", type=positive_int, default=32, help="tokens to generate per prompt"
-    )
-    parser.add_argument(
-        "--num-beams",
-        type=positive_int,
-        default=None,
-        help="beam search with this many beams per prompt (default: greedy decoding)",
-    )
-    parser.add_argument(
-        "--page-size", type=positive_int, default=16, help="tokens per KV-cache page"
-    )
-    parser.add_argument(
-        "--steps-per-call",
-        type=positive_int,
-        default=8,
-        help="decode steps per jit call (the progress bar moves after each call)",
-    )
+    counts = [
+        ("--max-new-tokens", 32, "tokens to generate per prompt"),
+        ("--num-beams", None, "beam search with this many beams per prompt (default: greedy)"),
+        ("--page-size", 16, "tokens per KV-cache page"),
+        ("--steps-per-call", 8, "decode steps per jit call (the progress bar moves after each)"),
+    ]
+    for flag, default, text in counts:
+        parser.add_argument(flag, type=positive_int, default=default, help=text)
     parser.add_argument(
         "--dtype",
         type=dtype_arg,
