@@ -258,6 +258,14 @@ def attention_varlen(
 QMAX = {"int8": 127.0, "float8_e4m3fn": 448.0}
 
 
+def _divide(x, y):
+    """x / y as the kernels divide (IEEE, per element): the barrier keeps XLA from turning a
+    division by a broadcast value into a product with its reciprocal, which rounds differently."""
+    return x / jax.lax.optimization_barrier(
+        jnp.broadcast_to(y, jnp.broadcast_shapes(x.shape, y.shape))
+    )
+
+
 def quantize(x, scale, cache_dtype):
     """x / scale (float32, IEEE division) clamped to +-qmax, rounded (half to even) to the cache
     dtype; scale 0 stores zeros. `scale` broadcasts against x."""
@@ -265,10 +273,7 @@ def quantize(x, scale, cache_dtype):
     qmax = QMAX[name]
     x = x.astype(jnp.float32)
     scale = jnp.broadcast_to(jnp.asarray(scale, jnp.float32), x.shape)
-    # The barrier keeps XLA from turning x / broadcast(scale) into x * (1 / scale), which is
-    # not the IEEE division the kernels do.
-    divisor = jax.lax.optimization_barrier(jnp.where(scale == 0, 1.0, scale))
-    y = jnp.where(scale == 0, 0.0, x / divisor)
+    y = jnp.where(scale == 0, 0.0, _divide(x, jnp.where(scale == 0, 1.0, scale)))
     y = jnp.clip(y, -qmax, qmax)
     if name == "int8":
         y = jnp.round(y)
@@ -279,7 +284,7 @@ def per_token_scale(x, cache_dtype):
     """amax over the last axis / qmax, float32 (the per-token-and-head scale of append_kv)."""
     qmax = QMAX[jnp.dtype(cache_dtype).name]
     amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1)
-    return amax / jax.lax.optimization_barrier(jnp.full(amax.shape, qmax, jnp.float32))
+    return _divide(amax, jnp.float32(qmax))
 
 
 def gather_pages(pages, block_tables, scale=None):
@@ -527,8 +532,8 @@ def _sampling_plan(logits, temperature, top_k, top_p, min_p):
     x_max = xs[:, :1]
     tau = temperature.astype(jnp.float32)[:, None]
     greedy = ~(tau > 0)
-    d = (x - x_max) / jnp.where(greedy, 1.0, tau)
-    ds = (xs - x_max) / jnp.where(greedy, 1.0, tau)
+    d = _divide(x - x_max, jnp.where(greedy, 1.0, tau))
+    ds = _divide(xs - x_max, jnp.where(greedy, 1.0, tau))
     rank = jnp.arange(V)[None, :]
     k = jnp.where((top_k > 0) & (top_k < V), top_k, V)[:, None]
     cum = jnp.cumsum(jnp.where(rank < k, jnp.exp(ds), 0.0), axis=-1)
@@ -554,7 +559,7 @@ def top_k_top_p_filter(logits, temperature, top_k, top_p, min_p):
     _, _, kept, greedy, _, _ = _sampling_plan(logits, temperature, top_k, top_p, min_p)
     raw = logits.astype(jnp.float32)
     tau = temperature.astype(jnp.float32)[:, None]
-    y = jnp.where(greedy, raw, raw / jnp.where(greedy, 1.0, tau))
+    y = jnp.where(greedy, raw, _divide(raw, jnp.where(greedy, 1.0, tau)))
     return jnp.where(kept, y, -jnp.inf).astype(logits.dtype)
 
 

@@ -155,13 +155,17 @@ def test_flash_attention_varlen(case):
     assert o.shape == (Tq, Hq, D) and lse.shape == (Hq, Tq)
     f32 = [x.astype(jnp.float32) for x in (q, k, v)]
     ref_o, ref_lse = reference.attention_varlen(*f32, cu_q, cu_k, return_lse=True, **case["opts"])
-    same = reference.attention_varlen(q, k, v, cu_q, cu_k, **case["opts"])
-    # The packed reference computes in float32; a same-dtype error of rounding its output:
-    same = same.astype(jnp.float32) if dtype == jnp.float32 else same
-    _check_attention(o, lse, ref_o, ref_lse, same, dtype)
-    owned = np.zeros(Tq, bool)
+    # The error of a same-dtype jnp attention: each (clamped) sequence through the dense one.
+    same, owned = np.zeros((Tq, Hq, D), np.float32), np.zeros(Tq, bool)
+    cq, ck = np.asarray(cu_q), np.asarray(cu_k)
     for b in range(len(lens_q)):
-        owned[min(int(cu_q[b]), Tq) : min(int(cu_q[b + 1]), Tq)] = True
+        qs, ks = min(cq[b], Tq), min(ck[b], Tk)
+        qe, ke = min(max(cq[b + 1], qs), Tq), min(max(ck[b + 1], ks), Tk)
+        owned[qs:qe] = True
+        if qe > qs and ke > ks:
+            seq = (q[None, qs:qe], k[None, ks:ke], v[None, ks:ke])
+            same[qs:qe] = reference.attention(*seq, compute_dtype=dtype, **case["opts"])[0]
+    _check_attention(o, lse, ref_o, ref_lse, same, dtype)
     assert np.all(np.asarray(o)[~owned] == 0), "rows no sequence owns must be zero"
 
 
