@@ -38,6 +38,17 @@ fuzz = hypothesis.settings(
 )
 
 FLOATS = [jnp.float32, jnp.float16, jnp.bfloat16]
+
+
+def jit_call(fn, *args, **kwargs):
+    """fn(*args, **kwargs) under jax.jit: one program compiles several times faster than the
+    op-by-op dispatch of the same calls (each example brings new shapes). Array arguments are
+    traced; the others are fixed."""
+    arrays = {n: v for n, v in kwargs.items() if hasattr(v, "shape")}
+    fixed = {n: v for n, v in kwargs.items() if n not in arrays}
+    return jax.jit(lambda a, kw: fn(*a, **kw, **fixed))(args, arrays)
+
+
 seeds = st.integers(0, 2**32 - 1)
 
 
@@ -109,11 +120,11 @@ def test_flash_attention(case):
     opts = {n: jnp.asarray(v, jnp.int32) if "seqlens" in n else v for n, v in case["opts"].items()}
     q, k = randn(rng, (B, Sq, Hq, D), dtype), randn(rng, (B, Skv, Hkv, D), dtype)
     v = randn(rng, (B, Skv, Hkv, Dv), dtype)
-    o, lse = jax_flash.flash_attention(q, k, v, return_lse=True, **opts)
+    o, lse = jit_call(jax_flash.flash_attention, q, k, v, return_lse=True, **opts)
     assert o.shape == (B, Sq, Hq, Dv) and o.dtype == dtype and lse.shape == (B, Hq, Sq)
     f32 = [x.astype(jnp.float32) for x in (q, k, v)]
-    ref_o, ref_lse = reference.attention(*f32, return_lse=True, **opts)
-    same = reference.attention(q, k, v, compute_dtype=dtype, **opts)
+    ref_o, ref_lse = jit_call(reference.attention, *f32, return_lse=True, **opts)
+    same = jit_call(reference.attention, q, k, v, compute_dtype=dtype, **opts)
     _check_attention(o, lse, ref_o, ref_lse, same, dtype)
 
 
@@ -151,10 +162,14 @@ def test_flash_attention_varlen(case):
     cu_q[-1] += case["overshoot"]  # the last sequence's range runs past the rows: clamped
     q, k, v = randn(rng, (Tq, Hq, D), dtype), *(randn(rng, (Tk, Hkv, D), dtype) for _ in "kv")
     cu_q, cu_k = jnp.asarray(cu_q), jnp.asarray(cu_k)
-    o, lse = jax_flash.flash_attention_varlen(q, k, v, cu_q, cu_k, return_lse=True, **case["opts"])
+    o, lse = jit_call(
+        jax_flash.flash_attention_varlen, q, k, v, cu_q, cu_k, return_lse=True, **case["opts"]
+    )
     assert o.shape == (Tq, Hq, D) and lse.shape == (Hq, Tq)
     f32 = [x.astype(jnp.float32) for x in (q, k, v)]
-    ref_o, ref_lse = reference.attention_varlen(*f32, cu_q, cu_k, return_lse=True, **case["opts"])
+    ref_o, ref_lse = jit_call(
+        reference.attention_varlen, *f32, cu_q, cu_k, return_lse=True, **case["opts"]
+    )
     # The error of a same-dtype jnp attention: each (clamped) sequence through the dense one.
     same, owned = np.zeros((Tq, Hq, D), np.float32), np.zeros(Tq, bool)
     cq, ck = np.asarray(cu_q), np.asarray(cu_k)
@@ -164,7 +179,9 @@ def test_flash_attention_varlen(case):
         owned[qs:qe] = True
         if qe > qs and ke > ks:
             seq = (q[None, qs:qe], k[None, ks:ke], v[None, ks:ke])
-            same[qs:qe] = reference.attention(*seq, compute_dtype=dtype, **case["opts"])[0]
+            same[qs:qe] = jit_call(reference.attention, *seq, compute_dtype=dtype, **case["opts"])[
+                0
+            ]
     _check_attention(o, lse, ref_o, ref_lse, same, dtype)
     assert np.all(np.asarray(o)[~owned] == 0), "rows no sequence owns must be zero"
 
@@ -236,13 +253,21 @@ def test_paged_attention(case):
         scales = dict(k_scale=ks, v_scale=vs)
     q = randn(rng, (B, Hq, D) if Sq is None else (B, Sq, Hq, D), dtype)
     bt, lens = jnp.asarray(bt), jnp.asarray(lens)
-    o, lse = jax_flash.paged_attention(
-        q, kp, vp, bt, lens, num_splits=case["num_splits"], return_lse=True,
-        **scales, **case["opts"],
+    o, lse = jit_call(
+        jax_flash.paged_attention, q, kp, vp, bt, lens, num_splits=case["num_splits"],
+        return_lse=True, **scales, **case["opts"],
     )  # fmt: skip
     assert o.shape == q.shape and o.dtype == dtype
-    ref_o, ref_lse = reference.paged_attention(
-        q.astype(jnp.float32), kp, vp, bt, lens, return_lse=True, **scales, **case["opts"]
+    ref_o, ref_lse = jit_call(
+        reference.paged_attention,
+        q.astype(jnp.float32),
+        kp,
+        vp,
+        bt,
+        lens,
+        return_lse=True,
+        **scales,
+        **case["opts"],
     )
     # The error a same-dtype jnp attention makes on the same (dequantised) cache.
     q4 = q if Sq is not None else q[:, None]
@@ -251,7 +276,9 @@ def test_paged_attention(case):
         for x, n in ((kp, "k_scale"), (vp, "v_scale"))
     )
     lens_c = jnp.clip(lens, 0, kd.shape[1])
-    same = reference.attention(q4, kd, vd, kv_seqlens=lens_c, compute_dtype=dtype, **case["opts"])
+    same = jit_call(
+        reference.attention, q4, kd, vd, kv_seqlens=lens_c, compute_dtype=dtype, **case["opts"]
+    )
     same = same if Sq is not None else same[:, 0]
     ok = np.asarray(reference.paged_sequence_valid(bt, lens, num_pages, page))
     _check_attention(o, lse, ref_o, ref_lse, same, dtype, rows_ok=ok)
@@ -315,17 +342,28 @@ def test_append_kv(case):
     T = slots.shape[0]
     kn, vn = randn(rng, (T, Hkv, D), dtype), randn(rng, (T, Hkv, D), dtype)
     if case["rope"] is None:
-        out = jax_flash.append_kv(kp, vp, kn, vn, slots, **scales)
-        ref = reference.append_kv(kp, vp, kn, vn, slots, **scales)
+        out = jit_call(jax_flash.append_kv, kp, vp, kn, vn, slots, **scales)
+        ref = jit_call(reference.append_kv, kp, vp, kn, vn, slots, **scales)
         k_written = kn
     else:
         pos = jnp.asarray(rng.integers(-3, 5000, T), jnp.int32)
         q = randn(rng, (T, Hkv * case["q_heads"], D), dtype) if case["q_heads"] else None
-        out = jax_flash.append_kv(
-            kp, vp, kn, vn, slots, positions=pos, rope=case["rope"], q=q, **scales
+        out = jit_call(
+            jax_flash.append_kv,
+            kp,
+            vp,
+            kn,
+            vn,
+            slots,
+            positions=pos,
+            rope=case["rope"],
+            q=q,
+            **scales,
         )
         style = case["rope"]["style"]
         inv_freq = reference.rope_inv_freq(D, case["rope"]["theta"])
+        # Eager: under jit XLA may fuse the rotation into multiply-adds, other bits than the
+        # kernels' (and apply_rope's) separate multiplies and adds.
         q_rot, *ref = reference.append_kv_rope(
             kp, vp, kn, vn, slots, pos, inv_freq, style=style, q=q, **scales
         )
@@ -428,9 +466,11 @@ def test_apply_rope(lead, H, D, dtype, style, partial, scaling, seed):
     rd = D if not partial or D == 2 else 2 * int(rng.integers(1, D // 2))
     x = randn(rng, (*lead, H, D), dtype)
     pos = jnp.asarray(rng.integers(-100, 70000, lead), jnp.int32)
-    out = jax_flash.apply_rope(x, pos, style=style, rotary_dim=rd, scaling=scaling)
+    out = jit_call(jax_flash.apply_rope, x, pos, style=style, rotary_dim=rd, scaling=scaling)
     inv_freq = reference.rope_inv_freq(rd, 10000.0, scaling)
-    ref = reference.apply_rope(x.astype(jnp.float32), pos, inv_freq, style=style, rotary_dim=rd)
+    ref = jit_call(
+        reference.apply_rope, x.astype(jnp.float32), pos, inv_freq, style=style, rotary_dim=rd
+    )
     assert out.shape == x.shape and out.dtype == dtype
     tol = tolerance(dtype, rel_err(ref.astype(dtype), ref))
     assert rel_err(out, ref) <= tol
@@ -496,9 +536,9 @@ def _top_p_ambiguous(logits, params):
 @hypothesis.given(sampling_cases())
 def test_top_k_top_p_filter(case):
     logits, params = _sampling_logits(case), case["params"]
-    out = jax_flash.top_k_top_p_filter(logits, **params)
+    out = jit_call(jax_flash.top_k_top_p_filter, logits, **params)
     rows = {n: jnp.broadcast_to(jnp.asarray(v), (case["shape"][0],)) for n, v in params.items()}
-    ref = reference.top_k_top_p_filter(logits, *(rows[n] for n in ("temperature", "top_k",
+    ref = jit_call(reference.top_k_top_p_filter, logits, *(rows[n] for n in ("temperature", "top_k",
                                                                    "top_p", "min_p")))  # fmt: skip
     kept, ref_kept = np.asarray(out) > -np.inf, np.asarray(ref) > -np.inf
     same = np.all(kept == ref_kept, axis=1) | _top_p_ambiguous(logits, params)
