@@ -50,17 +50,29 @@ DEMO_CONFIG = LlamaConfig(
 )
 
 
-def progress_bar(label):
-    tty = sys.stdout.isatty()
+class ProgressBar:
+    """A decode progress bar: redrawn in place on a terminal, one line per update elsewhere.
+    `close()` ends its line, also when generation stops early (every sequence hit EOS)."""
 
-    def show(step, total):
+    def __init__(self, label, stream=None):
+        self.label = label
+        self.stream = sys.stdout if stream is None else stream
+        self.tty = self.stream.isatty()
+        self.open = False  # a drawn line waits for its newline
+
+    def __call__(self, step, total):
         done = int(30 * step / total)
-        line = f"  {label} decode [{'#' * done}{'.' * (30 - done)}] {step}/{total} steps"
-        print(
-            "\r" + line if tty else line, end="\n" if step >= total or not tty else "", flush=True
-        )
+        line = f"  {self.label} decode [{'#' * done}{'.' * (30 - done)}] {step}/{total} steps"
+        if self.tty:
+            print("\r" + line, end="", file=self.stream, flush=True)
+            self.open = True
+        else:
+            print(line, file=self.stream, flush=True)
 
-    return show
+    def close(self):
+        if self.open:
+            print(file=self.stream, flush=True)
+            self.open = False
 
 
 def run(model, prompts, args, label, **kw):
@@ -68,14 +80,18 @@ def run(model, prompts, args, label, **kw):
     kw.update(num_beams=args.num_beams, page_size=args.page_size)
     first = generate(model, prompts, args.max_new_tokens, **kw)
     print(f"  {label}: compiled in {first.compile_s:.2f} s")
-    out = generate(
-        model,
-        prompts,
-        args.max_new_tokens,
-        steps_per_call=args.steps_per_call,
-        progress=progress_bar(label),
-        **kw,
-    )
+    bar = ProgressBar(label)
+    try:
+        out = generate(
+            model,
+            prompts,
+            args.max_new_tokens,
+            steps_per_call=args.steps_per_call,
+            progress=bar,
+            **kw,
+        )
+    finally:
+        bar.close()
     assert out.tokens == first.tokens
     print(
         f"  {label}: prefill {out.num_prompt_tokens} tokens in {out.prefill_s * 1e3:.1f} ms = "
@@ -85,18 +101,58 @@ def run(model, prompts, args, label, **kw):
     return out
 
 
-def main():
+DTYPES = {
+    "float32": "float32", "fp32": "float32", "f32": "float32",
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+    "float16": "float16", "fp16": "float16", "f16": "float16",
+}  # fmt: skip
+
+
+def dtype_arg(value):
+    try:
+        return DTYPES[value.lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(
+            f"unknown dtype {value!r}; choose from {', '.join(DTYPES)}"
+        ) from None
+
+
+def positive_int(value):
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
+
+
+def build_parser():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint", help="Hugging Face checkpoint directory")
-    parser.add_argument("--prompt", action="append", help="prompt text (repeatable)")
-    parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--num-beams", type=int, default=None)
-    parser.add_argument("--page-size", type=int, default=16)
-    parser.add_argument("--steps-per-call", type=int, default=8, help="decode steps per jit call")
+    parser.add_argument(
+        "--checkpoint",
+        help="Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json); "
+        "default: a small random-weight model",
+    )
+    parser.add_argument(
+        "--prompt",
+        action="append",
+        help="prompt text, repeatable (needs --checkpoint: the random model has no tokenizer)",
+    )
+    counts = [
+        ("--max-new-tokens", 32, "tokens to generate per prompt"),
+        ("--num-beams", None, "beam search with this many beams per prompt (default: greedy)"),
+        ("--page-size", 16, "tokens per KV-cache page"),
+        ("--steps-per-call", 8, "decode steps per jit call (the progress bar moves after each)"),
+    ]
+    for flag, default, text in counts:
+        parser.add_argument(flag, type=positive_int, default=default, help=text)
     parser.add_argument(
         "--dtype",
+        type=dtype_arg,
         default=None,
-        help="float32/bfloat16 (default: demo float32, checkpoint: its own)",
+        help="compute and parameter dtype: float32 (fp32), bfloat16 (bf16) or float16 (fp16); "
+        "default: float32 for the random model, the checkpoint's own otherwise",
     )
     parser.add_argument(
         "--check",
@@ -104,7 +160,19 @@ def main():
         help="also check a checkpoint's tokens "
         "against the pure-XLA path (always done for the random model)",
     )
-    args = parser.parse_args()
+    return parser
+
+
+def parse_args(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.prompt and not args.checkpoint:
+        parser.error("--prompt needs --checkpoint (the random-weight model has no tokenizer)")
+    return args
+
+
+def main():
+    args = parse_args()
 
     device = jax.devices()[0]
     print(

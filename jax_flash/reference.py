@@ -12,6 +12,7 @@ Causal attention is right = 0. Rows that see no key give o = 0 and lse = -inf.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -23,28 +24,40 @@ _HI = jax.lax.Precision.HIGHEST
 _MAX_WINDOW = 1 << 30
 
 
-def normalize_window(causal: bool, sliding_window) -> tuple[int, int]:
+def normalize_window(causal, sliding_window, op: str = "jax_flash") -> tuple[int, int]:
     """(left, right) window with -1 for "unbounded"; causal sets right = 0.
 
-    ``sliding_window`` is None or a pair ``(left, right)`` of ints, each None or -1 for unbounded.
+    ``causal`` is a bool (Python or NumPy); ``sliding_window`` is None or a pair
+    ``(left, right)`` of ints, each None or -1 for unbounded. Anything else raises, naming
+    ``op`` (the public function checked): a string or a float is never taken as a mask.
     """
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"{op}: causal must be a bool, got {causal!r} ({type(causal).__name__})")
     if sliding_window is None:
         left, right = -1, -1
     else:
         if not (isinstance(sliding_window, (tuple, list)) and len(sliding_window) == 2):
             raise ValueError(
-                f"sliding_window must be None or a pair (left, right), got {sliding_window!r}"
+                f"{op}: sliding_window must be None or a pair (left, right), got {sliding_window!r}"
             )
+        for name, w in zip(("left", "right"), sliding_window, strict=True):
+            if w is not None and (
+                isinstance(w, (bool, np.bool_)) or not isinstance(w, (int, np.integer))
+            ):
+                raise TypeError(
+                    f"{op}: sliding_window {name} must be an int, or None/-1 for unbounded; got "
+                    f"{w!r} ({type(w).__name__})"
+                )
         left, right = (-1 if w is None else int(w) for w in sliding_window)
         for name, w in (("left", left), ("right", right)):
             if w < -1:
                 raise ValueError(
-                    f"sliding_window {name} must be >= 0, or -1/None for unbounded, got {w}"
+                    f"{op}: sliding_window {name} must be >= 0, or -1/None for unbounded, got {w}"
                 )
     if causal:
         if right > 0:
             raise ValueError(
-                "causal=True allows no keys right of the diagonal, but sliding_window "
+                f"{op}: causal=True allows no keys right of the diagonal, but sliding_window "
                 f"right={right}"
             )
         right = 0
@@ -54,17 +67,51 @@ def normalize_window(causal: bool, sliding_window) -> tuple[int, int]:
 
 
 def _softmax_attend(s, visible, v, rows_axis_out):
-    """Masked softmax of scores s [..., Sq, Sk] against v; returns (o, lse) in float32."""
+    """Masked softmax of scores s [..., Sq, Sk] against v; returns (o, denom, lse) in float32.
+
+    Keys a row cannot see contribute nothing, even where v holds NaN or inf (a plain P @ V
+    would make the row NaN through 0 * NaN): P @ V runs on v's finite entries, and the
+    non-finite ones are added back per row from the keys the row sees."""
     s = jnp.where(visible, s, -jnp.inf)
     m = jnp.max(s, axis=-1, keepdims=True, initial=-jnp.inf)
     m = jnp.where(jnp.isfinite(m), m, 0.0)
     p = jnp.exp(s - m)
     denom = jnp.sum(p, axis=-1, keepdims=True)
+    finite = jnp.isfinite(v)
     o = jnp.einsum(
-        rows_axis_out, p.astype(v.dtype), v, precision=_HI, preferred_element_type=v.dtype
+        rows_axis_out,
+        p.astype(v.dtype),
+        jnp.where(finite, v, 0),
+        precision=_HI,
+        preferred_element_type=v.dtype,
+    )
+    o = jax.lax.cond(
+        jnp.all(finite), lambda o: o, partial(_add_nonfinite, p, visible, v, rows_axis_out), o
     )
     lse = jnp.where(denom > 0, jnp.log(jnp.where(denom > 0, denom, 1.0)) + m, -jnp.inf)
     return o, denom, lse[..., 0]
+
+
+def _add_nonfinite(p, visible, v, rows_axis_out, o):
+    """o with the non-finite v entries of the keys each row sees, as IEEE sums give them: NaN
+    from a NaN, from +inf and -inf together, or from inf times a zero weight; else +-inf."""
+    seen = jnp.broadcast_to(visible, p.shape)
+    weighted = seen & (p > 0)
+
+    def any_of(rows, entries):  # [..., Sq, Dv]: does a key in `rows` have an entry in `entries`
+        n = jnp.einsum(
+            rows_axis_out,
+            rows.astype(jnp.float32),
+            entries.astype(jnp.float32),
+            precision=_HI,
+            preferred_element_type=jnp.float32,
+        )
+        return n > 0
+
+    pos, neg = any_of(weighted, v == jnp.inf), any_of(weighted, v == -jnp.inf)
+    nan = any_of(seen, jnp.isnan(v)) | any_of(seen & ~weighted, jnp.isinf(v)) | (pos & neg)
+    o = jnp.where(pos, jnp.inf, jnp.where(neg, -jnp.inf, o))
+    return jnp.where(nan, jnp.nan, o).astype(o.dtype)
 
 
 def _scores(q, k, scale, softcap):
@@ -211,6 +258,14 @@ def attention_varlen(
 QMAX = {"int8": 127.0, "float8_e4m3fn": 448.0}
 
 
+def _divide(x, y):
+    """x / y as the kernels divide (IEEE, per element): the barrier keeps XLA from turning a
+    division by a broadcast value into a product with its reciprocal, which rounds differently."""
+    return x / jax.lax.optimization_barrier(
+        jnp.broadcast_to(y, jnp.broadcast_shapes(x.shape, y.shape))
+    )
+
+
 def quantize(x, scale, cache_dtype):
     """x / scale (float32, IEEE division) clamped to +-qmax, rounded (half to even) to the cache
     dtype; scale 0 stores zeros. `scale` broadcasts against x."""
@@ -218,10 +273,7 @@ def quantize(x, scale, cache_dtype):
     qmax = QMAX[name]
     x = x.astype(jnp.float32)
     scale = jnp.broadcast_to(jnp.asarray(scale, jnp.float32), x.shape)
-    # The barrier keeps XLA from turning x / broadcast(scale) into x * (1 / scale), which is
-    # not the IEEE division the kernels do.
-    divisor = jax.lax.optimization_barrier(jnp.where(scale == 0, 1.0, scale))
-    y = jnp.where(scale == 0, 0.0, x / divisor)
+    y = jnp.where(scale == 0, 0.0, _divide(x, jnp.where(scale == 0, 1.0, scale)))
     y = jnp.clip(y, -qmax, qmax)
     if name == "int8":
         y = jnp.round(y)
@@ -232,7 +284,7 @@ def per_token_scale(x, cache_dtype):
     """amax over the last axis / qmax, float32 (the per-token-and-head scale of append_kv)."""
     qmax = QMAX[jnp.dtype(cache_dtype).name]
     amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1)
-    return amax / jax.lax.optimization_barrier(jnp.full(amax.shape, qmax, jnp.float32))
+    return _divide(amax, jnp.float32(qmax))
 
 
 def gather_pages(pages, block_tables, scale=None):
@@ -480,8 +532,8 @@ def _sampling_plan(logits, temperature, top_k, top_p, min_p):
     x_max = xs[:, :1]
     tau = temperature.astype(jnp.float32)[:, None]
     greedy = ~(tau > 0)
-    d = (x - x_max) / jnp.where(greedy, 1.0, tau)
-    ds = (xs - x_max) / jnp.where(greedy, 1.0, tau)
+    d = _divide(x - x_max, jnp.where(greedy, 1.0, tau))
+    ds = _divide(xs - x_max, jnp.where(greedy, 1.0, tau))
     rank = jnp.arange(V)[None, :]
     k = jnp.where((top_k > 0) & (top_k < V), top_k, V)[:, None]
     cum = jnp.cumsum(jnp.where(rank < k, jnp.exp(ds), 0.0), axis=-1)
@@ -507,7 +559,7 @@ def top_k_top_p_filter(logits, temperature, top_k, top_p, min_p):
     _, _, kept, greedy, _, _ = _sampling_plan(logits, temperature, top_k, top_p, min_p)
     raw = logits.astype(jnp.float32)
     tau = temperature.astype(jnp.float32)[:, None]
-    y = jnp.where(greedy, raw, raw / jnp.where(greedy, 1.0, tau))
+    y = jnp.where(greedy, raw, _divide(raw, jnp.where(greedy, 1.0, tau)))
     return jnp.where(kept, y, -jnp.inf).astype(logits.dtype)
 
 

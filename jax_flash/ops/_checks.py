@@ -37,6 +37,15 @@ def int_vector(op: str, name: str, x, length: int):
     return jnp.asarray(x, jnp.int32)
 
 
+def static_int(op: str, name: str, x, minimum: int) -> int:
+    """A Python (or NumPy) int >= minimum, known when tracing: shapes and loop bounds."""
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+        raise TypeError(f"{op}: {name} must be an int, got {x!r} ({type(x).__name__})")
+    if x < minimum:
+        raise ValueError(f"{op}: {name} must be >= {minimum}, got {x}")
+    return int(x)
+
+
 def heads(op: str, hq: int, hkv: int):
     if hkv < 1 or hq % hkv != 0:
         raise ValueError(
@@ -51,6 +60,11 @@ def implementation(op: str, impl):
 
 
 def scale_and_cap(op: str, head_dim: int, softmax_scale, logits_soft_cap) -> tuple[float, float]:
+    if head_dim < 1:
+        # Scores of empty vectors are all 0: no query-key match to attend by (and 1/sqrt(0)).
+        raise ValueError(
+            f"{op}: the head dim D (last axis of q and k) must be >= 1, got D = {head_dim}"
+        )
     scale = float(head_dim) ** -0.5 if softmax_scale is None else float(softmax_scale)
     cap = 0.0 if logits_soft_cap is None else float(logits_soft_cap)
     if not np.isfinite(scale):

@@ -111,7 +111,7 @@ def flash_attention(
         q_seqlens = _checks.int_vector(_OP, "q_seqlens", q_seqlens, B)
     if kv_seqlens is not None:
         kv_seqlens = _checks.int_vector(_OP, "kv_seqlens", kv_seqlens, B)
-    window = reference.normalize_window(causal, sliding_window)
+    window = reference.normalize_window(causal, sliding_window, _OP)
     scale, cap = _checks.scale_and_cap(_OP, D, softmax_scale, logits_soft_cap)
     _checks.implementation(_OP, implementation)
     if B * max(Sq, Skv) > _checks.INT32_MAX:
@@ -216,7 +216,7 @@ def flash_attention_varlen(
     nb = cu_seqlens_q.shape[0]
     cu_seqlens_q = _checks.int_vector(_OP_VARLEN, "cu_seqlens_q", cu_seqlens_q, nb)
     cu_seqlens_k = _checks.int_vector(_OP_VARLEN, "cu_seqlens_k", cu_seqlens_k, nb)
-    window = reference.normalize_window(causal, sliding_window)
+    window = reference.normalize_window(causal, sliding_window, _OP_VARLEN)
     scale, cap = _checks.scale_and_cap(_OP_VARLEN, D, softmax_scale, logits_soft_cap)
     _checks.implementation(_OP_VARLEN, implementation)
     if max(Tq, k.shape[0]) > _checks.INT32_MAX:

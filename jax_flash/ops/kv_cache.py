@@ -223,16 +223,59 @@ def copy_pages(k_pages, v_pages, src, dst, *, k_scale=None, v_scale=None, implem
 def slot_mapping(block_tables, positions, page_size: int, valid=None):
     """Slots of cache positions: ``block_tables[b, pos // page_size] * page_size + pos %
     page_size`` for positions ``[B, S]`` (or ``[B]``); -1 where ``valid`` is False or the
-    position lies past the block table."""
+    position lies past the block table.
+
+    Parameters
+    ----------
+    block_tables : int ``[B, max_pages]``.
+    positions : int ``[B]`` or ``[B, S]``: cache positions (row ``b`` of the block table maps
+        row ``b`` of the positions). Negative positions give -1.
+    page_size : int >= 1 (static), the cache's tokens per page.
+    valid : bool ``[B]`` or the shape of positions, optional: False gives -1 (not written by
+        :func:`append_kv`).
+
+    Returns
+    -------
+    int32 slots of the shape of ``positions``.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp, jax_flash
+    >>> bt = jnp.array([[3, 5], [4, 6]], jnp.int32)
+    >>> jax_flash.slot_mapping(bt, jnp.array([[0, 17], [2, 40]]), 16).tolist()
+    [[48, 81], [66, -1]]
+    """
+    op = "slot_mapping"
+    _checks.array_arg(op, "block_tables", block_tables, 2, "[B, max_pages]")
+    if not jnp.issubdtype(block_tables.dtype, jnp.integer):
+        raise TypeError(f"{op}: block_tables must be an integer array, got {block_tables.dtype}")
+    page_size = _checks.static_int(op, "page_size", page_size, minimum=1)
+    B, max_pages = block_tables.shape
+    positions = positions if hasattr(positions, "dtype") else np.asarray(positions)
+    if not jnp.issubdtype(positions.dtype, jnp.integer):
+        raise TypeError(f"{op}: positions must be an integer array, got dtype {positions.dtype}")
+    if positions.ndim not in (1, 2) or positions.shape[0] != B:
+        raise ValueError(
+            f"{op}: positions must have shape [B] or [B, S] with B = {B} (block_tables "
+            f"{tuple(block_tables.shape)}), got {tuple(positions.shape)}"
+        )
     positions = jnp.asarray(positions, jnp.int32)
     squeeze = positions.ndim == 1
     pos = positions[:, None] if squeeze else positions
     col = pos // page_size
-    in_table = (pos >= 0) & (col < block_tables.shape[1])
-    page = jnp.take_along_axis(block_tables, jnp.clip(col, 0, block_tables.shape[1] - 1), axis=1)
+    in_table = (pos >= 0) & (col < max_pages)
+    page = jnp.take_along_axis(
+        block_tables.astype(jnp.int32), jnp.clip(col, 0, max_pages - 1), axis=1
+    )
     slots = jnp.where(in_table, page * page_size + pos % page_size, -1)
     if valid is not None:
-        slots = jnp.where(jnp.asarray(valid).reshape(slots.shape[0], -1), slots, -1)
+        valid = valid if hasattr(valid, "dtype") else np.asarray(valid)
+        if valid.dtype != bool or tuple(valid.shape) not in ((B,), tuple(positions.shape)):
+            raise ValueError(
+                f"{op}: valid must be a bool array of shape ({B},) or {tuple(positions.shape)} "
+                f"(positions), got {valid.dtype} {tuple(valid.shape)}"
+            )
+        slots = jnp.where(jnp.asarray(valid).reshape(B, -1), slots, -1)
     return slots[:, 0] if squeeze else slots
 
 
@@ -252,6 +295,8 @@ def reorder_beams(
     ----------
     block_tables : int32 ``[N, max_pages]``; kv_lens : int32 ``[N]``; beam_ids : int ``[N]``
         (row index of each new beam's parent); spare_pages : int32 ``[N]`` distinct free pages.
+    page_size : None (the cache's, ``k_pages.shape[1]``), or that same value; anything else
+        raises a ValueError.
 
     Returns
     -------
@@ -272,7 +317,20 @@ def reorder_beams(
     [1, 3]
     """
     op = "reorder_beams"
-    page_size = k_pages.shape[1] if page_size is None else page_size
+    check_cache(op, k_pages, v_pages, k_scale, v_scale)
+    if page_size is not None:
+        # The pages' own size decides which page is partial; any other value would share a
+        # page that a beam writes, or hand back a live page as a spare.
+        given = _checks.static_int(op, "page_size", page_size, minimum=1)
+        if given != k_pages.shape[1]:
+            raise ValueError(
+                f"{op}: page_size={given} does not match the cache's page size "
+                f"{k_pages.shape[1]} (k_pages {tuple(k_pages.shape)}); leave it None"
+            )
+    page_size = k_pages.shape[1]
+    _checks.array_arg(op, "block_tables", block_tables, 2, "[N, max_pages]")
+    if not jnp.issubdtype(block_tables.dtype, jnp.integer):
+        raise TypeError(f"{op}: block_tables must be an integer array, got {block_tables.dtype}")
     N = block_tables.shape[0]
     beam_ids = _checks.int_vector(op, "beam_ids", beam_ids, N)
     spare_pages = _checks.int_vector(op, "spare_pages", spare_pages, N)

@@ -4,7 +4,7 @@ jnp-reference lowering for platforms without a native kernel."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
+from functools import lru_cache, partial
 
 import jax
 import jax.numpy as jnp
@@ -17,9 +17,17 @@ def make_primitive(name: str) -> Primitive:
     p = Primitive(name)
     p.multiple_results = True
 
+    @lru_cache(maxsize=256)
+    def compiled(params: tuple):
+        # One jitted bind per static configuration, so repeated eager calls reuse the executable.
+        return jax.jit(partial(p.bind, **dict(params)))
+
     def impl(*args, **params):
-        # Eager calls run the same lowering as jit.
-        return jax.jit(partial(p.bind, **params))(*args)
+        # Eager calls run the same lowering as jit. Under jax.disable_jit that jit would be a
+        # plain call of bind, which lands here again (endless recursion): the jit of a single
+        # primitive is switched back on, as JAX does for its own primitives.
+        with jax.disable_jit(False):
+            return compiled(tuple(sorted(params.items())))(*args)
 
     p.def_impl(impl)
     return p
