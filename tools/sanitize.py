@@ -379,6 +379,13 @@ def main(argv=None) -> int:
         help="apply the kernel filter to memcheck and initcheck too",
     )
     parser.add_argument(
+        "--fail-on",
+        choices=("any", "jax_flash"),
+        default="any",
+        help="which errors fail the run: any (default), or only those reported in jax_flash's "
+        "kernels (the summary line always shows both)",
+    )
+    parser.add_argument(
         "--driver",
         action="store_true",
         help="run the ops once, without a sanitizer (what each tool runs)",
