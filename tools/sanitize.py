@@ -30,7 +30,8 @@ How it is made to see real bugs:
   all kernels live in namespace jax_flash): over the whole process they take too long.
   memcheck and initcheck see every kernel (initcheck must see every write, or an input
   computed by an XLA kernel would look uninitialised). `--filter-all` filters those too.
-- The summary line splits errors into those in jax_flash kernels and elsewhere (XLA, cuBLAS).
+- The summary line splits errors into those in jax_flash kernels and elsewhere (XLA's own);
+  `--fail-on jax_flash` fails the run on the former only.
 """
 
 from __future__ import annotations
@@ -130,10 +131,10 @@ def _driver(quick: bool, platform: str) -> int:
     # paged_attention: (q dtype, cache dtype, scales, D, page_size, Sq, options)
     paged = [
         (bf16, bf16, None, 128, 16, None, dict()),
-        (f16, f16, None, 64, 1, 3, dict(causal=True)),
+        (f32, f32, None, 64, 16, None, dict(num_splits=4)),  # CUDA cores whatever the dispatch
         (bf16, jnp.int8, "head", 128, 16, None, dict(logits_soft_cap=30.0)),
+        (f16, f16, None, 64, 1, 3, dict(causal=True)),
         (bf16, jnp.float8_e4m3fn, "token", 256, 8, 2, dict(sliding_window=(20, 0))),
-        (f32, f32, None, 64, 16, None, dict(num_splits=4)),
         (f16, jnp.int8, "token", 64, 32, 4, dict(num_splits=3)),
         (f32, jnp.float8_e4m3fn, "head", 128, 16, 2, dict()),
     ]
@@ -344,7 +345,7 @@ def _run_tool(args, sanitizer: str, tool: str, log_path: pathlib.Path) -> bool:
     where = f" (jax_flash kernels {ours}, elsewhere {other})" if errors else ""
     print(f"{tool:10s} {errors} errors{where}{extras}  ({time.monotonic() - t0:.0f} s)  "
           f"log: {log_path}", flush=True)  # fmt: skip
-    return ok and errors == 0
+    return ok and (ours if args.fail_on == "jax_flash" else errors) == 0
 
 
 def main(argv=None) -> int:
@@ -376,6 +377,13 @@ def main(argv=None) -> int:
         "--filter-all",
         action="store_true",
         help="apply the kernel filter to memcheck and initcheck too",
+    )
+    parser.add_argument(
+        "--fail-on",
+        choices=("any", "jax_flash"),
+        default="any",
+        help="which errors fail the run: any (default), or only those reported in jax_flash's "
+        "kernels (the summary line always shows both)",
     )
     parser.add_argument(
         "--driver",
