@@ -286,25 +286,35 @@ def test_empty_batch(rng, implementation, sq):
 
 
 @pytest.mark.parametrize("opts", [{}, {"sliding_window": (5, 0)}], ids=str)
-def test_masked_keys_contribute_nothing(rng, opts):
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
+def test_masked_keys_contribute_nothing(kernel_platform, rng, request, opts, dtype):
     """A NaN in v at a key that a query row cannot see (causal: past the row's position; window:
-    before its start, in the same tile as visible keys) leaves that row finite on the CPU
-    kernel; rows that see the key get NaN."""
+    before its start, in the same tile as visible keys) leaves that row finite; rows that see the
+    key get NaN. The CUDA kernels weight such a key by exactly 0, and 0 * NaN is NaN: documented
+    (README), expected to fail there."""
+    if kernel_platform.name == "cuda":
+        request.applymarker(
+            pytest.mark.xfail(reason="CUDA paged kernels multiply masked keys' v by p = 0 (documented)")
+        )
     Sq, Hkv, G, D, page = 4, 2, 3, 64, 8
     lens = [23, 41]
-    kp, vp, bt, kl = make_cache(rng, lens, page, Hkv, D, jnp.float32)
-    q = randn(rng, (len(lens), Sq, Hkv * G, D), jnp.float32)
+    kp, vp, bt, kl = make_cache(rng, lens, page, Hkv, D, dtype)
+    q = randn(rng, (len(lens), Sq, Hkv * G, D), dtype)
     bad = [(0, lens[0] - 1), (1, lens[1] - 2)]  # seen by the last 1 / 2 rows only (causal)
     if opts:
         bad = [(0, lens[0] - Sq - 5), (1, lens[1] - Sq - 4)]  # before the later rows' windows
-    vp_nan, vp_zero = np.array(vp), np.array(vp)
+    vp_nan, vp_zero = np.array(vp, np.float32), np.array(vp, np.float32)
     for b, t in bad:
         page_id, off = int(bt[b, t // page]), t % page
         vp_nan[page_id, off] = np.nan
         vp_zero[page_id, off] = 0.0
-    o = jax_flash.paged_attention(q, kp, jnp.asarray(vp_nan), bt, kl, implementation="cpu", **opts)
-    ref = reference.paged_attention(q, kp, jnp.asarray(vp_zero), bt, kl, **opts)
-    o, ref = np.asarray(o), np.asarray(ref)
+    vp_nan, vp_zero = jnp.asarray(vp_nan, dtype), jnp.asarray(vp_zero, dtype)
+    o = jax_flash.paged_attention(
+        *kernel_platform.put(q, kp, vp_nan, bt, kl), implementation=kernel_platform.name,
+        **_launch(kernel_platform, q, kp), **opts,
+    )  # fmt: skip
+    ref = reference.paged_attention(q, kp, vp_zero, bt, kl, **opts)
+    o, ref = np.asarray(o, np.float32), np.asarray(ref, np.float32)
     for b, t in bad:
         for i in range(Sq):
             lo, hi = 0, lens[b] - Sq + i + 1  # keys [lo, hi) visible to query position i
@@ -315,7 +325,7 @@ def test_masked_keys_contribute_nothing(rng, opts):
             else:
                 assert np.all(np.isfinite(o[b, i])), (b, i)
                 err = rel_err(o[b, i], ref[b, i])
-                assert err <= tolerance(jnp.float32, 0.0), (b, i, err)
+                assert err <= tolerance(dtype, 0.0), (b, i, err)
 
 
 def test_launch_options(rng):
@@ -330,6 +340,7 @@ def test_launch_options(rng):
     with pytest.raises(TypeError, match="PagedLaunch"):
         jax_flash.paged_attention(q, kp, vp, bt, kl, _launch="cuda_core")
     # Launch options change nothing on the CPU kernel.
+    q, kp, vp, bt, kl = jax.device_put((q, kp, vp, bt, kl), jax.devices("cpu")[0])
     ref = jax_flash.paged_attention(q, kp, vp, bt, kl, implementation="cpu")
     for launch in (PagedLaunch("cuda_core", pdl=False), PagedLaunch("auto", merge_pdl=False)):
         o = jax_flash.paged_attention(q, kp, vp, bt, kl, implementation="cpu", _launch=launch)
