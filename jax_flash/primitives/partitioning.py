@@ -55,17 +55,22 @@ class Rule:
     def shardy(self):
         """(rule string, keyword arguments) for custom_partitioning's `sharding_rule`."""
 
+        def drop_ones(d):
+            # Shardy takes no size-1 factor in a compound dimension (it could not be split).
+            kept = tuple(f for f in d if self.sizes[f] != 1)
+            return kept or d[:1]
+
         def text(dims):
             return " ".join(d[0] if len(d) == 1 else "(" + " ".join(d) + ")" for d in dims)
 
-        every = self.operands + self.results
+        every = tuple(tuple(drop_ones(d) for d in dims) for dims in self.operands + self.results)
         standalone = {d[0] for dims in every for d in dims if len(d) == 1}
         # Factors in order of first appearance: Shardy wants the special ones in that order.
         order = list(dict.fromkeys(f for dims in every for d in dims for f in d))
         kwargs = {f: self.sizes[f] for f in order if f not in standalone}
         kwargs["need_replication_factors"] = tuple(f for f in order if f in self.whole)
-        rule = ", ".join(text(d) for d in self.operands)
-        rule += " -> " + ", ".join(text(d) for d in self.results)
+        n = len(self.operands)
+        rule = ", ".join(text(d) for d in every[:n]) + " -> " + ", ".join(map(text, every[n:]))
         return rule, kwargs
 
 
@@ -205,7 +210,9 @@ def _custom_call(p, partitioning: Partitioning):
     def decide(config, mesh, arg_shapes, result_shape):
         rule = partitioning.rule(config, _shapes(arg_shapes), _shapes(result_shape))
         sizes = dict(mesh.shape)
-        got = assign(rule, [a.sharding.spec for a in arg_shapes], sizes)
+        # GSPMD may ask before an operand's sharding is known (None): it has no say yet.
+        specs = [PartitionSpec() if a.sharding is None else a.sharding.spec for a in arg_shapes]
+        got = assign(rule, specs, sizes)
         return rule, got, sizes
 
     def partition(config, mesh, arg_shapes, result_shape):
@@ -234,8 +241,9 @@ def _custom_call(p, partitioning: Partitioning):
 
 def _wrap_abstract_eval(p, partitioning: Partitioning):
     """Under explicit sharding every value's type carries its sharding: the outputs get the
-    shardings the rule gives. An explicitly sharded operand the rule cannot take as it is
-    (explicit mode inserts no communication on its own) is an error naming the operand."""
+    shardings the rule gives. A replicated operand that the rule splits is sliced locally (no
+    communication); an operand sharded in a way the rule does not take would need communication,
+    which explicit mode never inserts on its own: an error naming the operand."""
     inner = p.abstract_eval
 
     def abstract_eval(*avals, config):
@@ -250,7 +258,8 @@ def _wrap_abstract_eval(p, partitioning: Partitioning):
         need = specs_of(rule.operands, got, rule, sizes)
         for i, (have, want) in enumerate(zip(specs, need, strict=True)):
             n = len(avals[i].shape)
-            if _spec_axes(have, n) != _spec_axes(want, n):
+            pairs = zip(_spec_axes(have, n), _spec_axes(want, n), strict=True)
+            if any(h and h != w for h, w in pairs):
                 raise ValueError(
                     f"{p.name}: under explicit sharding operand {i} {avals[i].str_short()} is "
                     f"sharded as {have}, but this call takes it as {want} (an axis it cannot "
