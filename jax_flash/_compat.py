@@ -45,7 +45,9 @@ def explicit_axes(avals):
         if mesh is None or mesh.empty:
             continue
         names = frozenset(
-            n for n, t in zip(mesh.axis_names, mesh.axis_types, strict=True) if t == AxisType.Explicit
+            n
+            for n, t in zip(mesh.axis_names, mesh.axis_types, strict=True)
+            if t == AxisType.Explicit
         )
         if names:
             return mesh, names

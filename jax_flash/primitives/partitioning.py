@@ -144,7 +144,8 @@ def assign(rule: Rule, specs, axis_sizes: dict[str, int]) -> dict[str, tuple[str
                     while (
                         rest
                         and rest[0] not in used
-                        and rule.sizes[f] % (math.prod(axis_sizes[a] for a in take) * axis_sizes[rest[0]])
+                        and rule.sizes[f]
+                        % (math.prod(axis_sizes[a] for a in take) * axis_sizes[rest[0]])
                         == 0
                     ):
                         take.append(rest.pop(0))
