@@ -28,7 +28,7 @@ from .. import reference
 from .._compat import NOT_MAPPED, ShapedArray, batching
 from .._native import _cpu
 from ._common import batch_first, make_primitive, register_lowerings
-from .paged_attention import SCALE_DIMS
+from .paged_attention import scale_dims
 from .partitioning import Partitioning, make_rule
 from .rope import STYLES
 
@@ -113,9 +113,7 @@ def _copy_reference(kp, vp, ks, vs, src, dst, *, config):
 def _cache_dims(config):
     """The cache operands' (and results') dims: pages, a page's rows and head dims stay whole
     (slots and page ids are global); kv heads (h) split, with no communication."""
-    scale = SCALE_DIMS[config.scale_mode]
-    scales = [scale + "k", scale + "v"] if config.scale_mode == 0 else [scale, scale]
-    return ["p n h d", "p n h e", *scales]
+    return ["p n h d", "p n h e", *scale_dims(config.scale_mode)]
 
 
 _CACHE_WHOLE = ("p", "n", "d", "e")

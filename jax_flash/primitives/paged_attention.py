@@ -142,8 +142,12 @@ def _reference(q, k_pages, v_pages, k_scale, v_scale, block_tables, kv_lens, *, 
     return [o, lse] + [jnp.zeros(a.shape, a.dtype) for a in shapes]
 
 
-# A quantized cache's scales, by scale mode: none ([0]), per kv head, per token and kv head.
-SCALE_DIMS = {SCALE_NONE: "z", SCALE_PER_HEAD: "h", SCALE_PER_TOKEN: "p n h"}
+def scale_dims(scale_mode: int) -> list[str]:
+    """The k/v scales' dims in a cache's sharding rule: none ([0] each, a factor of its own),
+    per kv head, or per token and kv head."""
+    if scale_mode == SCALE_NONE:
+        return ["zk", "zv"]
+    return ["h" if scale_mode == SCALE_PER_HEAD else "p n h"] * 2
 
 
 def _rule(config, shapes_in, shapes_out):
@@ -152,10 +156,7 @@ def _rule(config, shapes_in, shapes_out):
     # pool's pages (p), a page's rows (n) and the block tables' columns (m) stay whole, as do
     # a sequence's query rows (s: the causal mask counts them), head dims and the splits (c).
     hq, hkv = shapes_in[0][2], shapes_in[1][2]
-    scale = SCALE_DIMS[config.scale_mode]
-    ops = ["b s (h g) d", "p n h d", "p n h e", scale + "k", scale + "v", "b m", "b"]
-    if config.scale_mode != SCALE_NONE:
-        ops[3:5] = [scale, scale]
+    ops = ["b s (h g) d", "p n h d", "p n h e", *scale_dims(config.scale_mode), "b m", "b"]
     part = ["c b s (h g) e", "c b (h g) s"] if config.num_splits > 1 else ["zo", "zl"]
     return make_rule(
         ops, ["b s (h g) e", "b (h g) s", *part], shapes_in, shapes_out,
