@@ -34,7 +34,8 @@ COLLECTIVE = re.compile(
 
 @pytest.mark.skipif(_ENOUGH or os.environ.get(_CHILD) == "1", reason="checks run in place")
 def test_on_host_devices():
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES}")
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={DEVICES}"
+    env = dict(os.environ, XLA_FLAGS=flags.strip())
     env[_CHILD] = "1"
     env["JAX_PLATFORMS"] = "cpu"
     run = subprocess.run(
