@@ -18,6 +18,7 @@ devices and versions.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import re
 
@@ -29,7 +30,6 @@ from jax.sharding import PartitionSpec as P
 
 import jax_flash
 from jax_flash import bench
-from jax_flash.bench.device import info
 
 COLLECTIVE = re.compile(
     r"\b(all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter)(-start)?\("
@@ -113,8 +113,15 @@ def main():
     sh = shapes(gpu)
     cases = [prefill_case(sh["prefill"], c) for c in (True, False)] + [decode_case(sh["decode"])]
 
-    run_info = info(jax.devices()[0])
-    run_info["device_count"] = total
+    dev = jax.devices()[0]
+    run_info = {
+        "device": str(dev.device_kind),
+        "platform": dev.platform,
+        "device_count": total,
+        "jax": jax.__version__,
+        "jax_flash": jax_flash.__version__,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
     print(f"# {run_info['device']} x {total}, jax {run_info['jax']}", flush=True)
     rows = []
     header = f"{'case':<48} {'devices':>7} {'ms/call':>9} {'speed-up':>8}  collectives"
