@@ -114,6 +114,15 @@ def test_prefill_batch_and_heads(rng, spec):
 
 
 @needs_devices
+def test_prefill_vmapped(rng):
+    # The batching rule folds the vmapped axis into the rows; the folded call is partitioned.
+    q, k, v = (x.reshape(2, 2, *x.shape[1:]) for x in _prefill_inputs(rng))
+    fn = jax.vmap(lambda q, k, v: jax_flash.flash_attention(q, k, v, causal=True))
+    spec = P("data", None, None, "model")
+    check(fn, (q, k, v), [spec] * 3, [spec])
+
+
+@needs_devices
 def test_prefill_sequence_sharded_is_gathered(rng):
     # Context parallelism is jax_flash.parallel's: the rule gathers the sequence (exact).
     q, k, v = _prefill_inputs(rng, S=8, Skv=12)
