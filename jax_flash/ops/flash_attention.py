@@ -12,7 +12,7 @@ _OP = "flash_attention"
 _OP_VARLEN = "flash_attention_varlen"
 
 
-def _config(scale, cap, window, max_seqlen_q, fill_uncovered, implementation):
+def _config(scale, cap, window, max_seqlen_q, fill_uncovered, implementation, dense):
     return FlashConfig(
         softmax_scale=scale,
         softcap=cap,
@@ -21,6 +21,7 @@ def _config(scale, cap, window, max_seqlen_q, fill_uncovered, implementation):
         max_seqlen_q=max_seqlen_q,
         fill_uncovered=fill_uncovered,
         implementation=implementation,
+        dense=dense,
     )
 
 
@@ -139,7 +140,7 @@ def flash_attention(
     k_starts = jnp.arange(B, dtype=jnp.int32) * Skv
     q_len = jnp.full((B,), Sq, jnp.int32) if q_seqlens is None else jnp.clip(q_seqlens, 0, Sq)
     k_len = jnp.full((B,), Skv, jnp.int32) if kv_seqlens is None else jnp.clip(kv_seqlens, 0, Skv)
-    config = _config(scale, cap, window, Sq, q_seqlens is not None, implementation)
+    config = _config(scale, cap, window, Sq, q_seqlens is not None, implementation, dense=True)
     o, lse = flash_attention_p.bind(
         q.reshape(B * Sq, Hq, D),
         k.reshape(B * Skv, Hkv, D),
@@ -239,7 +240,7 @@ def flash_attention_varlen(
         o = jnp.zeros((Tq, Hq, Dv), q.dtype)
         return (o, jnp.full((Hq, Tq), -jnp.inf, jnp.float32)) if return_lse else o
 
-    config = _config(scale, cap, window, Tq, True, implementation)
+    config = _config(scale, cap, window, Tq, True, implementation, dense=False)
     o, lse = flash_attention_p.bind(
         q,
         k,

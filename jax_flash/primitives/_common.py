@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 from .. import _native
 from .._compat import NOT_MAPPED, Primitive, ffi, mlir
+from .partitioning import Partitioning, partitioned
 
 
 def make_primitive(name: str) -> Primitive:
@@ -40,13 +41,18 @@ def register_lowerings(
     reference: Callable[..., list],
     check_cuda: Callable | None = None,
     aliases: dict[int, int] | None = None,
+    *,
+    partitioning: Partitioning,
 ):
-    """Lower `p` to FFI targets jax_flash_<op>_{cpu,cuda}, and elsewhere to `reference`.
+    """Lower `p` to FFI targets jax_flash_<op>_{cpu,cuda}, and elsewhere to `reference`; under a
+    mesh each device lowers its shard (see partitioning.py; call after def_abstract_eval).
 
     attrs(config) -> FFI attributes; reference(*args, config=...) -> list of results;
     check_cuda(ctx, config) -> None, or why the CUDA kernels do not take this case: then
     implementation=None runs `reference` (documented per op) and implementation="cuda" raises.
+    partitioning: p's sharding rule.
     """
+    sharded = partitioned(p, partitioning)
 
     def lower_reference_fn(ctx, *args, config):
         return mlir.lower_fun(partial(reference, config=config), multiple_results=True)(ctx, *args)
@@ -84,9 +90,9 @@ def register_lowerings(
             )
         return lower_reference_fn(ctx, *args, config=config)
 
-    mlir.register_lowering(p, lower_reference)
-    mlir.register_lowering(p, lowering("cpu"), platform="cpu")
-    mlir.register_lowering(p, lowering("cuda"), platform="cuda")
+    mlir.register_lowering(p, sharded(lower_reference))
+    mlir.register_lowering(p, sharded(lowering("cpu")), platform="cpu")
+    mlir.register_lowering(p, sharded(lowering("cuda")), platform="cuda")
 
 
 def batch_first(x, bdim, size: int):

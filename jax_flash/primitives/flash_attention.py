@@ -7,6 +7,10 @@ rows [k_starts[b], k_ends[b])).
     operands  q [Tq,Hq,D], k [Tk,Hkv,D], v [Tk,Hkv,Dv], q_starts/q_ends/k_starts/k_ends [B] int32
     results   o [Tq,Hq,Dv] (dtype of q), lse [Hq,Tq] float32
     params    config: FlashConfig (static, hashable)
+
+With config.dense (the padded API) the rows are B equal blocks, Tq = B*Sq and Tk = B*Skv, and
+sequence b's rows lie in block b: the row axes may then be split by whole sequences (batch
+sharding), with the starts/ends made local to the shard.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from .. import reference
 from .._compat import NOT_MAPPED, ShapedArray, batching
 from .._native import _cpu
 from ._common import batch_first, make_primitive, register_lowerings
+from .partitioning import Partitioning, local_index, make_rule
 
 # Largest head dim the CUDA kernels take (cuda/include/jax_flash/policy/limits.h).
 CUDA_MAX_HEAD_DIM = _cpu.policy.FLASH_MAX_HEAD_DIM
@@ -36,6 +41,9 @@ class FlashConfig:
     max_seqlen_q: int  # rows of a sequence beyond this are left to fill_uncovered
     fill_uncovered: bool  # rows no sequence owns get o = 0, lse = -inf
     implementation: str | None  # None (native for the platform), "cuda" or "cpu"
+    # Rows are B equal blocks, sequence b's in block b (the padded API): batch sharding splits
+    # the row axes by whole sequences. False (varlen): the row axes are never split.
+    dense: bool = False
 
 
 flash_attention_p = make_primitive("jax_flash_attention")
@@ -89,7 +97,55 @@ def _reference(*args, config):
     )
 
 
-register_lowerings(flash_attention_p, "flash_attention", _ffi_attrs, _reference, _check_cuda)
+def sequence_sharded_prefill() -> tuple[str, ...]:
+    """The one place where a sharded sequence axis of prefill is decided: the factors of the
+    query rows (s) and key rows (t) of a sequence that the partitioner must keep whole. A
+    sequence split over devices needs context parallelism (jax_flash.parallel: ring or
+    all-gather attention); here it is gathered first, which is exact."""
+    return ("s", "t")
+
+
+def _rule(config, shapes_in, shapes_out):
+    # Heads: q head h*g + j reads kv head h, so a shard of kv heads takes its q heads' block.
+    # Head dims stay whole (the kernel contracts over D).
+    (tq, hq, _), (tk, hkv, _) = shapes_in[:2]
+    nb = shapes_in[3][0]
+    sizes = {"g": hq // hkv}
+    whole = ("d", "e")
+    if config.dense:
+        ops = ["(b s) (h g) d", "(b t) h d", "(b t) h e", "b", "b", "b", "b"]
+        res = ["(b s) (h g) e", "(h g) (b s)"]
+        sizes.update(s=tq // nb, t=tk // nb)
+        whole += sequence_sharded_prefill()
+    else:
+        # Packed sequences of any lengths: the rows (and so the sequences) stay whole.
+        ops = ["s (h g) d", "t h d", "t h e", "b", "b", "b", "b"]
+        res = ["s (h g) e", "(h g) s"]
+        whole += ("s", "t", "b")
+    return make_rule(ops, res, shapes_in, shapes_out, whole=whole, sizes=sizes)
+
+
+def _per_shard(config, got):
+    """A batch shard's starts/ends are global row offsets: make them local to the shard's
+    rows (its first sequence is local_index * B_local)."""
+    axes = got.get("b", ())
+    if not axes:
+        return None
+
+    def call(q, k, v, qs, qe, ks, ke):
+        nb = qs.shape[0]
+        first = local_index(axes) * nb
+        q0 = (first * (q.shape[0] // nb)).astype(jnp.int32)
+        k0 = (first * (k.shape[0] // nb)).astype(jnp.int32)
+        return flash_attention_p.bind(q, k, v, qs - q0, qe - q0, ks - k0, ke - k0, config=config)
+
+    return call
+
+
+register_lowerings(
+    flash_attention_p, "flash_attention", _ffi_attrs, _reference, _check_cuda,
+    partitioning=Partitioning(_rule, _per_shard),
+)  # fmt: skip
 
 
 def _batch(args, dims, *, config):

@@ -28,6 +28,8 @@ from .. import reference
 from .._compat import NOT_MAPPED, ShapedArray, batching
 from .._native import _cpu
 from ._common import batch_first, make_primitive, register_lowerings
+from .paged_attention import scale_dims
+from .partitioning import Partitioning, make_rule
 from .rope import STYLES
 
 _ALIASES = {0: 0, 1: 1, 2: 2, 3: 3}
@@ -108,8 +110,47 @@ def _copy_reference(kp, vp, ks, vs, src, dst, *, config):
     return [kp, vp, ks if sk is None else sk, vs if sv is None else sv]
 
 
-register_lowerings(append_kv_p, "append_kv", _attrs, _append_reference, aliases=_ALIASES)
-register_lowerings(copy_pages_p, "copy_pages", _attrs, _copy_reference, aliases=_ALIASES)
+def _cache_dims(config):
+    """The cache operands' (and results') dims: pages, a page's rows and head dims stay whole
+    (slots and page ids are global); kv heads (h) split, with no communication."""
+    return ["p n h d", "p n h e", *scale_dims(config.scale_mode)]
+
+
+_CACHE_WHOLE = ("p", "n", "d", "e")
+
+
+def _append_rule(config, shapes_in, shapes_out):
+    # The new rows (t) stay whole: every device writes its heads of every row into its cache.
+    cache = _cache_dims(config)
+    ops = [*cache, "t h d", "t h e", "t"]
+    return make_rule(ops, cache, shapes_in, shapes_out, whole=(*_CACHE_WHOLE, "t"))
+
+
+def _copy_rule(config, shapes_in, shapes_out):
+    cache = _cache_dims(config)
+    return make_rule([*cache, "i", "i"], cache, shapes_in, shapes_out, whole=(*_CACHE_WHOLE, "i"))
+
+
+def _append_rope_rule(config, shapes_in, shapes_out):
+    # As append_kv; q head h*g + j goes with kv head h (q [T, 0, D]: no queries).
+    cache = _cache_dims(config)
+    hq, hkv = shapes_in[8][1], shapes_in[4][1]
+    q = "t (h g) d" if hq else "t zq d"
+    ops = [*cache, "t h d", "t h e", "t", "t", q]
+    return make_rule(
+        ops, [*cache, q], shapes_in, shapes_out, whole=(*_CACHE_WHOLE, "t"),
+        sizes={"g": hq // hkv} if hq else None,
+    )  # fmt: skip
+
+
+register_lowerings(
+    append_kv_p, "append_kv", _attrs, _append_reference, aliases=_ALIASES,
+    partitioning=Partitioning(_append_rule),
+)  # fmt: skip
+register_lowerings(
+    copy_pages_p, "copy_pages", _attrs, _copy_reference, aliases=_ALIASES,
+    partitioning=Partitioning(_copy_rule),
+)  # fmt: skip
 # A quantized cache's K row staged in shared memory (cuda/include/jax_flash/policy/limits.h).
 MAX_QUANT_ROW_BYTES = _cpu.policy.ROPE_MAX_QUANT_ROW_BYTES
 
@@ -133,6 +174,7 @@ register_lowerings(
     _append_rope_reference,
     check_cuda=_rope_check_cuda,
     aliases=_ALIASES,
+    partitioning=Partitioning(_append_rope_rule),
 )
 
 

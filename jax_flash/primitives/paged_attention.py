@@ -23,6 +23,7 @@ from .. import reference
 from .._compat import NOT_MAPPED, ShapedArray, batching
 from .._native import _cpu
 from ._common import batch_first, make_primitive, register_lowerings
+from .partitioning import Partitioning, make_rule
 
 SCALE_NONE, SCALE_PER_HEAD, SCALE_PER_TOKEN = 0, 1, 2
 # The decisions and limits of the CUDA kernels, from their one home (jax_flash/policy/*.h).
@@ -141,7 +142,32 @@ def _reference(q, k_pages, v_pages, k_scale, v_scale, block_tables, kv_lens, *, 
     return [o, lse] + [jnp.zeros(a.shape, a.dtype) for a in shapes]
 
 
-register_lowerings(paged_attention_p, "paged_attention", _attrs, _reference, _check_cuda)
+def scale_dims(scale_mode: int) -> list[str]:
+    """The k/v scales' dims in a cache's sharding rule: none ([0] each, a factor of its own),
+    per kv head, or per token and kv head."""
+    if scale_mode == SCALE_NONE:
+        return ["zk", "zv"]
+    return ["h" if scale_mode == SCALE_PER_HEAD else "p n h"] * 2
+
+
+def _rule(config, shapes_in, shapes_out):
+    # Sequences (b) and kv heads (h, with their q heads h*g + j) are independent: batch and
+    # head sharding need no communication. Page ids in the block tables are global, so the
+    # pool's pages (p), a page's rows (n) and the block tables' columns (m) stay whole, as do
+    # a sequence's query rows (s: the causal mask counts them), head dims and the splits (c).
+    hq, hkv = shapes_in[0][2], shapes_in[1][2]
+    ops = ["b s (h g) d", "p n h d", "p n h e", *scale_dims(config.scale_mode), "b m", "b"]
+    part = ["c b s (h g) e", "c b (h g) s"] if config.num_splits > 1 else ["zo", "zl"]
+    return make_rule(
+        ops, ["b s (h g) e", "b (h g) s", *part], shapes_in, shapes_out,
+        whole=("s", "p", "n", "m", "d", "e", "c"), sizes={"g": hq // hkv},
+    )  # fmt: skip
+
+
+register_lowerings(
+    paged_attention_p, "paged_attention", _attrs, _reference, _check_cuda,
+    partitioning=Partitioning(_rule),
+)  # fmt: skip
 
 
 def _batch(args, dims, *, config):

@@ -19,6 +19,7 @@ import numpy as np
 from .. import reference
 from .._compat import NOT_MAPPED, ShapedArray, batching
 from ._common import make_primitive, register_lowerings
+from .partitioning import Partitioning, make_rule
 
 STYLES = {"neox": 0, "gptj": 1}
 MAX_ROTARY_DIM = 512  # rope_params.h: kMaxRotaryDim
@@ -60,7 +61,13 @@ def _reference(x, positions, *, config):
     ]
 
 
-register_lowerings(rope_p, "apply_rope", _attrs, _reference)
+def _rule(config, shapes_in, shapes_out):
+    # Tokens and heads are independent; a head's features are rotated together.
+    del config
+    return make_rule(["t h d", "t"], ["t h d"], shapes_in, shapes_out, whole=("d",))
+
+
+register_lowerings(rope_p, "apply_rope", _attrs, _reference, partitioning=Partitioning(_rule))
 
 
 def _batch(args, dims, *, config):

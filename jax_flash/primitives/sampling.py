@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from .. import reference
 from .._compat import NOT_MAPPED, ShapedArray, batching
 from ._common import make_primitive, register_lowerings
+from .partitioning import Partitioning, make_rule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,8 +59,27 @@ def _filter_reference(logits, temperature, top_k, top_p, min_p, *, config):
     return [reference.top_k_top_p_filter(logits, temperature, top_k, top_p, min_p)]
 
 
-register_lowerings(sample_p, "sample", _no_attrs, _sample_reference)
-register_lowerings(top_k_top_p_filter_p, "top_k_top_p_filter", _no_attrs, _filter_reference)
+# Rows are independent (each row's stream is in its seeds, so a shard of rows draws what the
+# whole batch draws); a row's vocabulary (ranked and filtered as a whole) and seeds stay whole.
+def _sample_rule(config, shapes_in, shapes_out):
+    del config
+    ops = ["b v", "b", "b", "b", "b", "b r"]
+    return make_rule(ops, ["b"], shapes_in, shapes_out, whole=("v", "r"))
+
+
+def _filter_rule(config, shapes_in, shapes_out):
+    del config
+    ops = ["b v", "b", "b", "b", "b"]
+    return make_rule(ops, ["b v"], shapes_in, shapes_out, whole=("v",))
+
+
+register_lowerings(
+    sample_p, "sample", _no_attrs, _sample_reference, partitioning=Partitioning(_sample_rule)
+)
+register_lowerings(
+    top_k_top_p_filter_p, "top_k_top_p_filter", _no_attrs, _filter_reference,
+    partitioning=Partitioning(_filter_rule),
+)  # fmt: skip
 
 
 def _batcher(p):
