@@ -216,6 +216,7 @@ def ring_attention(
     sliding_window: tuple[int | None, int | None] | None = None,
     logits_soft_cap: float | None = None,
     layout: str = "natural",
+    kv_layout: str | None = None,
     strategy: str = "ring",
     return_lse: bool = False,
     axis_size: int | None = None,
@@ -239,7 +240,10 @@ def ring_attention(
     causal, softmax_scale, sliding_window, logits_soft_cap : as in `jax_flash.flash_attention`,
         on absolute positions of the whole sequence (S = n * S_local queries and keys, so the
         causal diagonal is the plain one).
-    layout : "natural" or "zigzag" (S_local even).
+    layout : "natural" or "zigzag" (S_local even): the layout of q (and of the output).
+    kv_layout : None (as ``layout``), "natural" or "zigzag": the layout of k and v. The
+        all-gather strategy balances causal work with zigzag q alone, so naturally ordered k/v
+        need no reorder there.
     strategy : "ring", "allgather" or "auto" (`choose_strategy`); see the module docstring.
     return_lse : bool
         Also return ``lse [B, Hq, S_local]`` float32 (natural log of each row's softmax
@@ -269,6 +273,8 @@ def ring_attention(
     op = "ring_attention"
     _check_local(op, q, k, v)
     _choice(op, "layout", layout, LAYOUTS)
+    kv_layout = layout if kv_layout is None else kv_layout
+    _choice(op, "kv_layout", kv_layout, LAYOUTS)
     _choice(op, "strategy", strategy, ("auto", *STRATEGIES))
     _checks.implementation(op, implementation)
     window = reference.normalize_window(causal, sliding_window, op)
@@ -276,14 +282,14 @@ def ring_attention(
     n = jax.lax.axis_size(axis_name) if axis_size is None else axis_size
     n = _checks.static_int(op, "axis_size", n, 1)
     B, sl, _, D = q.shape
-    if layout == "zigzag":
+    if "zigzag" in (layout, kv_layout):
         zigzag.check_divisible(op, n * sl, n)
     gathered = B * n * sl * k.shape[2] * (D + v.shape[3]) * q.dtype.itemsize
     strategy = _resolve_strategy(
         strategy,
         n=n,
         q_layout=layout,
-        kv_layout=layout,
+        kv_layout=kv_layout,
         sl=sl,
         window=window,
         gathered_kv_bytes=gathered,
@@ -296,7 +302,7 @@ def ring_attention(
         n=n,
         window=window,
         q_layout=layout,
-        kv_layout=layout,
+        kv_layout=kv_layout,
         strategy=strategy,
         kernel=_kernel(scale, cap, implementation),
     )
@@ -485,6 +491,8 @@ def context_parallel_attention(
             f"{op}: the KV heads ({Hkv}) must be divisible by head_axis's size {h_size}, so that "
             "each device holds whole GQA groups"
         )
+    _checks.scale_and_cap(op, D, softmax_scale, logits_soft_cap)
+    _checks.implementation(op, implementation)
     if layout == "auto":
         balanced = window == (-1, 0) and S % (2 * n) == 0
         layout = "zigzag" if balanced else "natural"
@@ -504,28 +512,27 @@ def context_parallel_attention(
     )
     # The all-gather strategy needs k/v in no particular layout: natural ones are not permuted.
     kv_layout = "natural" if shuffle and strategy == "allgather" else layout
-    scale, cap = _checks.scale_and_cap(op, D, softmax_scale, logits_soft_cap)
-    _checks.implementation(op, implementation)
-    kernel = _kernel(scale, cap, implementation)
+    per_device = functools.partial(
+        ring_attention,
+        axis_name=seq_axis,
+        axis_size=n,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap,
+        layout=layout,
+        kv_layout=kv_layout,
+        strategy=strategy,
+        return_lse=True,
+        implementation=implementation,
+    )
 
     def body(q, k, v):
         if shuffle:
             q = zigzag.shard_to_zigzag(q, seq_axis, n)
             if kv_layout == "zigzag":
                 k, v = (zigzag.shard_to_zigzag(x, seq_axis, n) for x in (k, v))
-        o, lse = _attend(
-            q,
-            k,
-            v,
-            axis_name=seq_axis,
-            n=n,
-            window=window,
-            q_layout=layout,
-            kv_layout=kv_layout,
-            strategy=strategy,
-            kernel=kernel,
-        )
-        o = o.astype(q.dtype)
+        o, lse = per_device(q, k, v)
         if shuffle:
             o = zigzag.shard_from_zigzag(o, seq_axis, n)
             lse = zigzag.shard_from_zigzag(lse, seq_axis, n, axis=2)

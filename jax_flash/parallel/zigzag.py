@@ -83,6 +83,15 @@ def _owner(c: int, n: int) -> int:
     return c if c < n else 2 * n - 1 - c
 
 
+def _even_axis(op: str, x, axis: int) -> int:
+    axis = axis % x.ndim
+    if x.shape[axis] % 2:
+        raise ValueError(
+            f"{op}: the local sequence length {x.shape[axis]} must be even (2 chunks per device)"
+        )
+    return axis
+
+
 def _halves(x, axis: int):
     c = x.shape[axis] // 2
     return jax.lax.slice_in_dim(x, 0, c, axis=axis), jax.lax.slice_in_dim(x, c, 2 * c, axis=axis)
@@ -97,12 +106,7 @@ def shard_to_zigzag(x, axis_name, n: int, *, axis: int = 1):
     devices as their first chunk and on odd devices as their second (odd chunks the other way
     round), so the receiver puts them in order by its parity.
     """
-    axis = axis % x.ndim
-    if x.shape[axis] % 2:
-        raise ValueError(
-            f"shard_to_zigzag: the local sequence length {x.shape[axis]} must be even "
-            "(2 chunks per device)"
-        )
+    axis = _even_axis("shard_to_zigzag", x, axis)
     first, second = _halves(x, axis)
     a = jax.lax.ppermute(first, axis_name, [(d, _owner(2 * d, n)) for d in range(n)])
     b = jax.lax.ppermute(second, axis_name, [(d, _owner(2 * d + 1, n)) for d in range(n)])
@@ -113,12 +117,7 @@ def shard_to_zigzag(x, axis_name, n: int, *, axis: int = 1):
 def shard_from_zigzag(x, axis_name, n: int, *, axis: int = 1):
     """The inverse of `shard_to_zigzag` (inside `jax.shard_map`): zigzag blocks in, natural
     blocks out; the same two transfers, reversed."""
-    axis = axis % x.ndim
-    if x.shape[axis] % 2:
-        raise ValueError(
-            f"shard_from_zigzag: the local sequence length {x.shape[axis]} must be even "
-            "(2 chunks per device)"
-        )
+    axis = _even_axis("shard_from_zigzag", x, axis)
     lo, hi = _halves(x, axis)
     even = jax.lax.axis_index(axis_name) % 2 == 0
     a, b = jnp.where(even, lo, hi), jnp.where(even, hi, lo)
