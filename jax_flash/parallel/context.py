@@ -262,7 +262,7 @@ def ring_attention(
     >>> import jax, jax.numpy as jnp, jax_flash
     >>> from jax.sharding import PartitionSpec as P
     >>> from jax_flash.parallel import ring_attention
-    >>> mesh = jax.make_mesh((1,), ("seq",))
+    >>> mesh = jax.make_mesh((1,), ("seq",), axis_types=(jax.sharding.AxisType.Auto,))
     >>> q = k = v = jax.random.normal(jax.random.key(0), (1, 64, 4, 32), jnp.float32)
     >>> f = jax.shard_map(
     ...     lambda q, k, v: ring_attention(q, k, v, axis_name="seq", causal=True),
@@ -342,7 +342,7 @@ def context_parallel_shard(
     >>> import jax, jax.numpy as jnp
     >>> from jax.sharding import PartitionSpec as P
     >>> from jax_flash.parallel import context_parallel_shard
-    >>> mesh = jax.make_mesh((1,), ("seq",))
+    >>> mesh = jax.make_mesh((1,), ("seq",), axis_types=(jax.sharding.AxisType.Auto,))
     >>> q = k = v = jax.random.normal(jax.random.key(0), (1, 64, 4, 32), jnp.float32)
     >>> f = jax.shard_map(
     ...     lambda q, k, v: context_parallel_shard(q, k, v, axis_name="seq", axis_size=1),
