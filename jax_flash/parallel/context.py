@@ -75,24 +75,29 @@ def _merge(acc, o, lse):
     return o_new, lse_new
 
 
-def _apply_tiles(acc, q, k, v, *, tiles, kernel):
-    """acc merged with the kernel's result on each tile (static q/k row ranges)."""
+def _apply_tiles(acc, q, k, v, *, tiles, kernel, merge):
+    """acc merged with the kernel's result on each tile (static q/k row ranges); with
+    merge=False the tiles' rows are disjoint and seen by nothing else, so the results are
+    written as they are (the kernel's own rounding, no float32 pass)."""
     o_acc, lse_acc = acc
+    rows = sorted((t.q0, t.q1) for t in tiles)
+    assert merge or all(a[1] <= b[0] for a, b in zip(rows[:-1], rows[1:], strict=True)), tiles
     for t in tiles:
         window = None if (t.left, t.right) == (-1, -1) else (t.left, t.right)
         o, lse = kernel(q[:, t.q0 : t.q1], k[:, t.k0 : t.k1], v[:, t.k0 : t.k1], window)
-        part = (o_acc[:, t.q0 : t.q1], lse_acc[:, :, t.q0 : t.q1])
-        o_part, lse_part = _merge(part, o, lse)
-        o_acc = o_acc.at[:, t.q0 : t.q1].set(o_part)
-        lse_acc = lse_acc.at[:, :, t.q0 : t.q1].set(lse_part)
+        if merge:
+            o, lse = _merge((o_acc[:, t.q0 : t.q1], lse_acc[:, :, t.q0 : t.q1]), o, lse)
+        o_acc = o_acc.at[:, t.q0 : t.q1].set(o)
+        lse_acc = lse_acc.at[:, :, t.q0 : t.q1].set(lse)
     return o_acc, lse_acc
 
 
-def _apply_plans(acc, q, k, v, plans, axis_name, kernel):
+def _apply_plans(acc, q, k, v, plans, axis_name, kernel, merge=True):
     """Each device applies its own plan (plans[d], a tuple of tiles): directly where all devices
     share one, else through a switch on the device index over the distinct plans."""
     distinct = list(dict.fromkeys(plans))
-    branches = [functools.partial(_apply_tiles, tiles=p, kernel=kernel) for p in distinct]
+    apply = functools.partial(_apply_tiles, kernel=kernel, merge=merge)
+    branches = [functools.partial(apply, tiles=p) for p in distinct]
     if len(distinct) == 1:
         return branches[0](acc, q, k, v)
     table = jnp.asarray([distinct.index(p) for p in plans], jnp.int32)
@@ -141,20 +146,24 @@ def _ring(q, k, v, acc, *, axis_name, n, plans, kernel):
 
 
 def _attend(q, k, v, *, axis_name, n, window, q_layout, kv_layout, strategy, kernel):
-    """(o f32, lse) of the local q rows; strategy already resolved."""
+    """(o, lse) of the local q rows (o in float32 from the ring's merges, in q's dtype from the
+    all-gather's one pass); strategy already resolved."""
     B, sl, Hq, _ = q.shape
-    acc = (
-        jnp.zeros((B, sl, Hq, v.shape[-1]), jnp.float32),
-        jnp.full((B, Hq, sl), -jnp.inf, jnp.float32),
-    )
+
+    def empty(dtype):  # rows no tile reaches: o = 0, lse = -inf
+        o = jnp.zeros((B, sl, Hq, v.shape[-1]), dtype)
+        return o, jnp.full((B, Hq, sl), -jnp.inf, jnp.float32)
+
     if strategy == "ring":
         plans = _ring_plans(q_layout, kv_layout, n, sl, window)
+        acc = empty(jnp.float32)
         return _ring(q, k, v, acc, axis_name=axis_name, n=n, plans=plans, kernel=kernel)
     k, v = (jax.lax.all_gather(x, axis_name, axis=1, tiled=True) for x in (k, v))
     if kv_layout == "zigzag":  # a local copy; the ring keeps zigzag blocks as they are
         k, v = zigzag.from_zigzag(k, n), zigzag.from_zigzag(v, n)
+    # All keys form one segment, so a device's tiles are one per q segment: disjoint rows.
     plans = _gathered_plans(q_layout, n, sl, window)
-    return _apply_plans(acc, q, k, v, plans, axis_name, kernel)
+    return _apply_plans(empty(q.dtype), q, k, v, plans, axis_name, kernel, merge=False)
 
 
 def _check_local(op, q, k, v):
