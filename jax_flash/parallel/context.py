@@ -457,6 +457,12 @@ def context_parallel_attention(
     o : Array ``[B, S, Hq, Dv]`` in q's dtype, and ``lse [B, Hq, S]`` float32 when
         ``return_lse``.
 
+    Notes
+    -----
+    Forward only for now, as `jax_flash.flash_attention`: the merge, the collectives and the
+    switch all differentiate, so a VJP of the kernel (with its lse output) is all the backward
+    pass will need.
+
     Examples
     --------
     >>> import jax, jax.numpy as jnp, jax_flash
