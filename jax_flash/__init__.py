@@ -17,6 +17,7 @@ from .ops.kv_cache import (
 from .ops.paged_attention import paged_attention
 from .ops.rope import apply_rope
 from .ops.sampling import sample, top_k_top_p_filter
+from .parallel import context_parallel_attention
 
 __version__ = "0.1.0"
 
@@ -24,6 +25,7 @@ __all__ = [
     "append_kv",
     "apply_rope",
     "check_paged_inputs",
+    "context_parallel_attention",
     "copy_pages",
     "flash_attention",
     "flash_attention_varlen",
