@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .ops.flash_attention import flash_attention_varlen
@@ -46,13 +46,20 @@ class TensorParallel:
     lengths replicated. Hashable (a static attribute of the layers under ``jit``).
 
     Every other axis of the mesh must have size 1: the paged cache is one page pool shared by
-    all rows, so batch rows cannot be split over devices without a pool per device.
+    all rows, so batch rows cannot be split over devices without a pool per device. The layout
+    uses the mesh's devices with its axes as ``AxisType.Auto`` (whatever types it was made
+    with, ``jax.make_mesh`` defaulting to Explicit): the layers constrain what must lie where
+    and XLA propagates the rest.
     """
 
     mesh: Mesh
     axis: str = "tensor"
 
     def __post_init__(self):
+        auto = (AxisType.Auto,) * len(self.mesh.axis_names)
+        object.__setattr__(
+            self, "mesh", Mesh(self.mesh.devices, self.mesh.axis_names, axis_types=auto)
+        )
         if self.axis not in self.mesh.shape:
             raise ValueError(
                 f"TensorParallel: mesh axes {tuple(self.mesh.shape)} have no axis {self.axis!r}"

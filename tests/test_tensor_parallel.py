@@ -22,7 +22,6 @@ from jax_flash.models import LlamaConfig, LlamaForCausalLM, generate, shard_mode
 from jax_flash.nn import block_table  # noqa: E402
 
 HOST_DEVICES = 4
-AUTO = jax.sharding.AxisType.Auto
 _CHILD = "JAX_FLASH_TP_CHILD"
 
 # Flip to True once the primitives carry their partitioning rules (issue 19, point 1): until
@@ -70,7 +69,7 @@ multi = pytest.mark.skipif(
 def _mesh(n):
     if jax.device_count() < n:
         pytest.skip(f"needs {n} devices, {jax.device_count()} visible")
-    return jax.make_mesh((n,), ("tensor",), devices=jax.devices()[:n], axis_types=(AUTO,))
+    return jax.make_mesh((n,), ("tensor",), devices=jax.devices()[:n])
 
 
 def _random_model(config, seed):
