@@ -144,7 +144,11 @@ class KVCache:
         pages, table, lens = None, None, None
         if parallel is not None:
             parallel.check_divides("num_key_value_heads", num_kv_heads)
-            pages, table, lens = parallel.sharding(4, -2), parallel.sharding(2), parallel.sharding(1)
+            pages, table, lens = (
+                parallel.sharding(4, -2),
+                parallel.sharding(2),
+                parallel.sharding(1),
+            )
         block_tables = jnp.asarray(block_tables, jnp.int32)
         if table is not None:
             block_tables = jax.device_put(block_tables, table)

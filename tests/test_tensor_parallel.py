@@ -134,9 +134,7 @@ def test_greedy_equals_one_device(n, rng):
 
     def prefill(m):
         c = m.init_cache(16, 16, block_table(rows))
-        return jax.jit(lambda s, c: nnx.merge(gd, s).prefill(c, tokens, cu))(
-            nnx.state(m), c
-        )[0]
+        return jax.jit(lambda s, c: nnx.merge(gd, s).prefill(c, tokens, cu))(nnx.state(m), c)[0]
 
     gd = nnx.graphdef(model)
     want = prefill(model)
