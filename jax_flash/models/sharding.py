@@ -55,8 +55,11 @@ def shard_model(
     axis : the mesh axis to split heads and MLP columns over.
 
     The row-parallel projections (o_proj, down_proj) sum their per-device partial products in
-    float32 and round once to the compute dtype, as one device's matmul does, so that bfloat16
-    models give the single-device tokens.
+    float32 and round once to the compute dtype, as one device's matmul does (not once per
+    device and again after the sum). Results still differ from one device's where the float32
+    sums, taken in another order, round to another last bit; in float32 greedy tokens agree,
+    in bfloat16 a last-bit difference grows through the layers and a close greedy choice can
+    flip (as between bfloat16 and float32 on one device).
 
     Raises
     ------
