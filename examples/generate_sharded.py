@@ -128,6 +128,8 @@ def main(argv=None):
     dtype = args.dtype or ("bfloat16" if size == "1b" else "float32")
     prompt_len = args.prompt_len or (512 if size == "1b" else 48)
     new_tokens = args.new_tokens or (128 if size == "1b" else 24)
+    if dtype == "float32":  # as the float32 check below: full float32 matmuls (not TF32)
+        jax.config.update("jax_default_matmul_precision", "highest")
     mesh = jax.make_mesh((n,), ("tensor",), devices=devices)
 
     def build(dtype):
