@@ -6,7 +6,9 @@ which must be set before jax starts), so the rest of the suite keeps its single 
 machine with several GPUs the checks run on them directly. Tiny float32 models.
 """
 
+import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -103,6 +105,22 @@ def test_on_host_devices():
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     assert " passed" in proc.stdout, proc.stdout[-3000:]
+
+
+@pytest.mark.skipif(os.environ.get(_CHILD) == "1", reason="run once, by the parent process")
+def test_example_runs(tmp_path):
+    """examples/generate_sharded.py on 2 CPU host devices (its own process): the float32
+    tokens equal, the JSON holds a row per device count."""
+    out = tmp_path / "tp.json"
+    example = pathlib.Path(__file__).resolve().parents[1] / "examples" / "generate_sharded.py"
+    args = "--cpu-devices 2 --batch 3 --prompt-len 13 --new-tokens 5 --repeats 1"
+    cmd = [sys.executable, str(example), *args.split(), "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert record["float32_tokens_equal"] is True
+    assert [r["devices"] for r in record["rows"]] == [1, 2]
+    assert all(r["decode_tokens_per_s"] > 0 for r in record["rows"])
 
 
 @multi
