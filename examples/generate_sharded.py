@@ -25,6 +25,8 @@ import os
 import sys
 import time
 
+from generate import positive_int  # examples/generate.py, beside this file
+
 SHAPES = {
     "tiny": dict(
         vocab_size=2048,
@@ -46,16 +48,6 @@ SHAPES = {
         head_dim=64,
     ),
 }
-
-
-def positive_int(value):
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
-    return n
 
 
 def parse_args(argv=None):
