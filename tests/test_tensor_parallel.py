@@ -206,48 +206,44 @@ def test_rejects_layouts_that_do_not_divide():
         shard_model(LlamaForCausalLM.random(LLAMA), mesh, axis="model")
 
 
-def _collectives(model, batch):
-    """The collectives of one compiled decode step: a list of (op, result shape) pairs."""
-    pages = block_table([[1 + 2 * b, 2 + 2 * b] for b in range(batch)])
-    cache = model.init_cache(2 * batch + 1, 8, pages)
-    cache = cache.replace(kv_lens=jnp.full((batch,), 5, jnp.int32))
+def _collectives(model, step):
+    """The collectives of one compiled step, ``step`` "decode" (3 rows) or "prefill" (3 packed
+    prompts in 24 rows), sorted (op, result shape) pairs, and what tensor parallelism needs:
+    an all-reduce of the hidden states after the embedding lookup (vocab-parallel) and after
+    every o_proj and down_proj, and an all-gather of the vocab-parallel logits."""
+    c = model.config
+    cache = model.init_cache(7, 8, block_table([[1, 2], [3, 4], [5, 6]]))
     gd = nnx.graphdef(model)
-    step = jax.jit(lambda s, c, t: nnx.merge(gd, s).decode(c, t))
-    tokens = jnp.zeros((batch,), jnp.int32)
-    hlo = step.lower(nnx.state(model), cache, tokens).compile().as_text()
+    if step == "decode":
+        cache = cache.replace(kv_lens=jnp.asarray([5, 9, 1], jnp.int32))
+        fn = jax.jit(lambda s, c, t: nnx.merge(gd, s).decode(c, t))
+        tokens, hidden = jnp.zeros((3,), jnp.int32), f"f32[3,1,{c.hidden_size}]"
+    else:
+        cu = jnp.asarray([0, 5, 14, 17], jnp.int32)
+        fn = jax.jit(lambda s, c, t: nnx.merge(gd, s).prefill(c, t, cu))
+        tokens, hidden = jnp.zeros((24,), jnp.int32), f"f32[24,{c.hidden_size}]"
+    hlo = fn.lower(nnx.state(model), cache, tokens).compile().as_text()
     ops = re.findall(
         r"= (\S+) (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)"
         r"(?:-start)?\(",
         hlo,
     )
-    return [(op, shape) for shape, op in ops]
-
-
-def _expected_collectives(config, batch):
-    """What tensor parallelism needs per decode step: an all-reduce of the hidden states after
-    the embedding lookup (vocab-parallel) and after every o_proj and down_proj, and an
-    all-gather of the vocab-parallel logits."""
-    hidden = f"f32[{batch},1,{config.hidden_size}]"
-    return [("all-reduce", hidden)] * (1 + 2 * config.num_hidden_layers) + [
-        ("all-gather", f"f32[{batch},{config.vocab_size}]")
-    ]
-
-
-def _shapes_only(collectives):
-    return sorted((op, re.sub(r"\{.*\}", "", shape)) for op, shape in collectives)
+    got = sorted((op, re.sub(r"\{.*\}", "", shape)) for shape, op in ops)
+    needed = [("all-reduce", hidden)] * (1 + 2 * c.num_hidden_layers)
+    needed.append(("all-gather", f"f32[3,{c.vocab_size}]"))
+    return got, needed
 
 
 @multi
-def test_decode_collectives_of_the_model_layout():
-    """With the pure-XLA path of the attention ops (no custom calls), the decode step compiles
-    to exactly the collectives tensor parallelism needs: the model's own layout gathers
-    nothing. (The reference attention also reduces one flag over the heads per layer: its
-    check for non-finite values in v.)"""
-    mesh = _mesh(2)
-    model = shard_model(LlamaForCausalLM.random(LLAMA, attention_impl="xla"), mesh)
-    got = _shapes_only(_collectives(model, batch=3))
-    flags = [("all-reduce", "pred[]")] * LLAMA.num_hidden_layers
-    assert got == sorted(_expected_collectives(LLAMA, 3) + flags)
+@pytest.mark.parametrize("step", ["decode", "prefill"])
+def test_collectives_of_the_model_layout(step):
+    """With the pure-XLA path of the attention ops (no custom calls), a step compiles to
+    exactly the collectives tensor parallelism needs: the model's own layout gathers nothing.
+    (The reference attention also reduces one flag over the heads per layer: its check for
+    non-finite values in v.)"""
+    model = shard_model(LlamaForCausalLM.random(LLAMA, attention_impl="xla"), _mesh(2))
+    got, needed = _collectives(model, step)
+    assert got == sorted(needed + [("all-reduce", "pred[]")] * LLAMA.num_hidden_layers)
 
 
 @multi
@@ -255,10 +251,10 @@ def test_decode_collectives_of_the_model_layout():
     not PRIMITIVES_PARTITIONED,
     reason="waits for the primitives' partitioning rules (flip PRIMITIVES_PARTITIONED)",
 )
-def test_decode_collectives_with_kernels():
-    """The same with jax_flash's kernels: no all-gather of the KV cache (or of q/k/v) around
-    the attention and cache-write custom calls."""
-    mesh = _mesh(2)
-    model = shard_model(LlamaForCausalLM.random(LLAMA), mesh)
-    got = _shapes_only(_collectives(model, batch=3))
-    assert got == _expected_collectives(LLAMA, 3)
+@pytest.mark.parametrize("step", ["decode", "prefill"])
+def test_collectives_with_kernels(step):
+    """The same with jax_flash's kernels: no all-gather of the KV cache or of q/k/v around the
+    attention and cache-write custom calls."""
+    model = shard_model(LlamaForCausalLM.random(LLAMA), _mesh(2))
+    got, needed = _collectives(model, step)
+    assert got == sorted(needed)
