@@ -27,9 +27,9 @@ HOST_DEVICES = 4
 _CHILD = "JAX_FLASH_TP_CHILD"
 
 # Flip to True once the primitives carry their partitioning rules (issue 19, point 1): until
-# then XLA gathers the head-split cache pages around every attention / cache-write custom call
-# (correct, slow), and the collective count of the decode step below is not yet the one that
-# tensor parallelism needs.
+# then XLA gathers the head-split q/k/v and cache pages around every attention and cache-write
+# custom call (correct, slow), and the collectives of a step are not yet only those that tensor
+# parallelism needs. (Both checks passed on a trial merge with the branch that adds the rules.)
 PRIMITIVES_PARTITIONED = False
 
 # GQA 8:4 (4 KV heads: splits over 2 or 4 devices), vocab divisible by 4 (vocab-parallel
@@ -223,12 +223,18 @@ def _collectives(model, step):
         fn = jax.jit(lambda s, c, t: nnx.merge(gd, s).prefill(c, t, cu))
         tokens, hidden = jnp.zeros((24,), jnp.int32), f"f32[24,{c.hidden_size}]"
     hlo = fn.lower(nnx.state(model), cache, tokens).compile().as_text()
-    ops = re.findall(
-        r"= (\S+) (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)"
-        r"(?:-start)?\(",
-        hlo,
+    got = []
+    # One entry per array a collective produces: XLA may combine collectives into one op with
+    # a tuple result, and an async all-gather-start returns (operands, results).
+    pattern = (
+        r"= (\(.*?\)|\S+) (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)"
     )
-    got = sorted((op, re.sub(r"\{.*\}", "", shape)) for shape, op in ops)
+    for result, op, start in re.findall(pattern + r"(-start)?\(", hlo):
+        arrays = re.findall(r"[a-z]+[0-9]*\[[0-9,]*\]", result)
+        if op == "all-gather" and start and len(arrays) > 1:
+            arrays = arrays[len(arrays) // 2 :]
+        got += [(op, a) for a in arrays]
+    got.sort()
     needed = [("all-reduce", hidden)] * (1 + 2 * c.num_hidden_layers)
     needed.append(("all-gather", f"f32[3,{c.vocab_size}]"))
     return got, needed
