@@ -12,6 +12,10 @@ end-to-end benchmark compares against.
 
 The cache state (`KVCache`: pages of every layer, block tables, lengths) is a pytree of device
 arrays, so a jitted decode step or loop takes it as a donated argument and updates it in place.
+
+`TensorParallel` says how a layer's activations and the cache lie on a mesh for tensor
+parallelism (heads split over the mesh's tensor axis); `Attention` pins its q/k/v, attention
+output and cache pages to that layout when it has one.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from .ops.flash_attention import flash_attention_varlen
 from .ops.kv_cache import append_kv, slot_mapping
@@ -31,6 +37,66 @@ from .ops.paged_attention import paged_attention
 from .ops.rope import apply_rope
 
 IMPLEMENTATIONS = (None, "cpu", "cuda", "xla")
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorParallel:
+    """The tensor-parallel layout of a decoder on a mesh: attention heads, KV heads and MLP
+    columns split over the mesh axis ``axis``; the residual stream, norms, block tables and
+    lengths replicated. Hashable (a static attribute of the layers under ``jit``).
+
+    Every other axis of the mesh must have size 1: the paged cache is one page pool shared by
+    all rows, so batch rows cannot be split over devices without a pool per device. The layout
+    uses the mesh's devices with its axes as ``AxisType.Auto`` (whatever types it was made
+    with, ``jax.make_mesh`` defaulting to Explicit): the layers constrain what must lie where
+    and XLA propagates the rest.
+    """
+
+    mesh: Mesh
+    axis: str = "tensor"
+
+    def __post_init__(self):
+        auto = (AxisType.Auto,) * len(self.mesh.axis_names)
+        object.__setattr__(
+            self, "mesh", Mesh(self.mesh.devices, self.mesh.axis_names, axis_types=auto)
+        )
+        if self.axis not in self.mesh.shape:
+            raise ValueError(
+                f"TensorParallel: mesh axes {tuple(self.mesh.shape)} have no axis {self.axis!r}"
+            )
+        others = {a: n for a, n in self.mesh.shape.items() if a != self.axis and n != 1}
+        if others:
+            raise ValueError(
+                f"TensorParallel: mesh axes other than {self.axis!r} must have size 1, got "
+                f"{others} (batch sharding of the shared page pool is not supported)"
+            )
+
+    @property
+    def size(self) -> int:
+        return self.mesh.shape[self.axis]
+
+    def sharding(self, ndim: int, split: int | None = None) -> NamedSharding:
+        """``ndim`` axes, axis ``split`` (negative counts from the end) over the tensor axis;
+        None: replicated."""
+        spec = [None] * ndim
+        if split is not None:
+            spec[split] = self.axis
+        return NamedSharding(self.mesh, P(*spec))
+
+    def constrain(self, x, split: int | None = None):
+        return jax.lax.with_sharding_constraint(x, self.sharding(x.ndim, split))
+
+    def heads(self, x):
+        """``[..., H, D]`` split on heads: q/k/v, attention outputs, cache pages."""
+        return self.constrain(x, -2)
+
+    def check_divides(self, name: str, n: int) -> None:
+        """Raise unless ``n`` (the size called ``name``) splits evenly over the tensor axis."""
+        if n % self.size:
+            raise ValueError(
+                f"tensor parallelism: {name} {n} must be divisible by the size {self.size} of "
+                f"mesh axis {self.axis!r}"
+            )
 
 
 @jax.tree_util.register_dataclass
@@ -61,16 +127,36 @@ class KVCache:
 
     @classmethod
     def create(
-        cls, num_layers, num_pages, page_size, num_kv_heads, head_dim, block_tables, dtype
+        cls,
+        num_layers,
+        num_pages,
+        page_size,
+        num_kv_heads,
+        head_dim,
+        block_tables,
+        dtype,
+        parallel: TensorParallel | None = None,
     ) -> KVCache:
-        """A zeroed cache with the given block tables ``[B, max_pages]`` and empty rows."""
+        """A zeroed cache with the given block tables ``[B, max_pages]`` and empty rows; with
+        ``parallel``, created on its mesh: pages split on KV heads (each device allocates only
+        its own heads), block tables and lengths replicated."""
         shape = (num_pages, page_size, num_kv_heads, head_dim)
+        pages, table, lens = None, None, None
+        if parallel is not None:
+            parallel.check_divides("num_key_value_heads", num_kv_heads)
+            pages, table, lens = (
+                parallel.sharding(4, -2),
+                parallel.sharding(2),
+                parallel.sharding(1),
+            )
         block_tables = jnp.asarray(block_tables, jnp.int32)
+        if table is not None:
+            block_tables = jax.device_put(block_tables, table)
         return cls(
-            k_pages=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
-            v_pages=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
+            k_pages=tuple(jnp.zeros(shape, dtype, device=pages) for _ in range(num_layers)),
+            v_pages=tuple(jnp.zeros(shape, dtype, device=pages) for _ in range(num_layers)),
             block_tables=block_tables,
-            kv_lens=jnp.zeros((block_tables.shape[0],), jnp.int32),
+            kv_lens=jnp.zeros((block_tables.shape[0],), jnp.int32, device=lens),
         )
 
     def layers(self):
@@ -233,6 +319,7 @@ class Attention(nnx.Module):
         self.sliding_window = sliding_window
         self.softmax_scale = head_dim**-0.5 if softmax_scale is None else float(softmax_scale)
         self.attention_impl = attention_impl
+        self.parallel: TensorParallel | None = None
         linear = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.q_proj = nnx.Linear(hidden_size, num_heads * head_dim, use_bias=qkv_bias, **linear)
         self.k_proj = nnx.Linear(hidden_size, num_kv_heads * head_dim, use_bias=qkv_bias, **linear)
@@ -242,6 +329,19 @@ class Attention(nnx.Module):
     def set_attention_impl(self, attention_impl: str | None) -> None:
         _check_impl(attention_impl)
         self.attention_impl = attention_impl
+
+    def set_parallel(self, parallel: TensorParallel | None) -> None:
+        """Pin q/k/v, the attention output and the cache pages to ``parallel``'s head split
+        (None: no constraint). The projections' kernels are placed by the caller
+        (:func:`jax_flash.models.shard_model`)."""
+        if parallel is not None:
+            parallel.check_divides("num_key_value_heads", self.num_kv_heads)
+        self.parallel = parallel
+
+    def _heads(self, *xs):
+        if self.parallel is None:
+            return xs
+        return tuple(self.parallel.heads(x) for x in xs)
 
     def _window(self):
         return None if self.sliding_window is None else (self.sliding_window - 1, None)
@@ -274,6 +374,7 @@ class Attention(nnx.Module):
         q = self.q_proj(x).reshape(*lead, self.num_heads, self.head_dim)
         k = self.k_proj(x).reshape(*lead, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).reshape(*lead, self.num_kv_heads, self.head_dim)
+        q, k, v = self._heads(q, k, v)
         impl = self.attention_impl
         heads = (-1, self.num_kv_heads, self.head_dim)
         if isinstance(batch, Decode):
@@ -289,6 +390,7 @@ class Attention(nnx.Module):
                 q=q.reshape(-1, self.num_heads, self.head_dim),
                 implementation=impl,
             )
+            k_pages, v_pages = self._heads(k_pages, v_pages)
             o = paged_attention(
                 q_rot.reshape(q.shape),
                 k_pages,
@@ -300,7 +402,7 @@ class Attention(nnx.Module):
                 sliding_window=self._window(),
                 implementation=impl,
             )
-            return self.o_proj(o.reshape(*lead, self.num_heads * self.head_dim)), (k_pages, v_pages)
+            return self._out(o, lead), (k_pages, v_pages)
         # Prefill attends to the rotated k itself (not through the cache): rotate, then append.
         q, k = self._rope(q, positions), self._rope(k, positions)
         if isinstance(batch, Dense):
@@ -313,7 +415,7 @@ class Attention(nnx.Module):
                 batch.slots.reshape(-1),
                 implementation=impl,
             )
-            kv = (k_pages, v_pages)
+            kv = self._heads(k_pages, v_pages)
             if isinstance(batch, Prefill):
                 o = flash_attention_varlen(
                     q,
@@ -328,7 +430,15 @@ class Attention(nnx.Module):
                 )
             else:
                 raise TypeError(f"Attention: batch must be Prefill, Decode or Dense, got {batch!r}")
-        return self.o_proj(o.reshape(*lead, self.num_heads * self.head_dim)), kv
+        return self._out(o, lead), kv
+
+    def _out(self, o, lead):
+        """The output projection of the attention output ``o`` (``[*lead, H, D]``); cast back
+        to the compute dtype because a tensor-parallel o_proj sums its per-device partial
+        products in float32 (:func:`jax_flash.models.shard_model`)."""
+        (o,) = self._heads(o)
+        y = self.o_proj(o.reshape(*lead, self.num_heads * self.head_dim)).astype(o.dtype)
+        return y if self.parallel is None else self.parallel.constrain(y)
 
     def _dense(self, q, k, v, kv, batch: Dense):
         k_cache, v_cache = kv

@@ -1,5 +1,5 @@
 """Decoders built on jax_flash: a Llama-family model, a Hugging Face checkpoint loader and
-batched generation with a paged KV cache."""
+batched generation with a paged KV cache, tensor-parallel over a mesh with `shard_model`."""
 
 from .generation import GenerateOutput, generate
 from .llama import (
@@ -9,6 +9,7 @@ from .llama import (
     load_hf_checkpoint,
     load_tokenizer,
 )
+from .sharding import shard_model
 
 __all__ = [
     "GenerateOutput",
@@ -18,4 +19,5 @@ __all__ = [
     "hf_parameters",
     "load_hf_checkpoint",
     "load_tokenizer",
+    "shard_model",
 ]

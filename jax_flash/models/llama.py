@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from ..nn import Attention, KVCache, decode_batch, prefill_batch
+from ..nn import Attention, KVCache, TensorParallel, decode_batch, prefill_batch
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 _ROPE_TYPES = ("default", "linear", "llama3")
@@ -181,9 +181,16 @@ class MLP(nnx.Module):
         self.gate_proj = nnx.Linear(hidden, inner, **lin)
         self.up_proj = nnx.Linear(hidden, inner, **lin)
         self.down_proj = nnx.Linear(inner, hidden, **lin)
+        self.parallel: TensorParallel | None = None
 
     def __call__(self, x):
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        h = jax.nn.silu(self.gate_proj(x)) * self.up_proj(x)
+        if self.parallel is None:
+            return self.down_proj(h)
+        # Column-parallel gate/up, row-parallel down (summed in float32 over the devices: see
+        # shard_model), back to the compute dtype.
+        h = self.parallel.constrain(h, -1)
+        return self.parallel.constrain(self.down_proj(h).astype(x.dtype))
 
 
 class DecoderLayer(nnx.Module):
@@ -268,6 +275,9 @@ class LlamaForCausalLM(nnx.Module):
         self.config = c
         self.attention_impl = attention_impl
         self.dtype = dtype
+        # Set by shard_model: the layout, and whether embeddings and LM head split by vocab.
+        self.parallel: TensorParallel | None = None
+        self.vocab_parallel = False
         self.embed_tokens = nnx.Embed(
             c.vocab_size, c.hidden_size, dtype=dtype, param_dtype=param_dtype, rngs=rngs
         )
@@ -344,6 +354,8 @@ class LlamaForCausalLM(nnx.Module):
         kv: per-layer ``(k, v)`` caches; batch: `Prefill`, `Decode` or `Dense`.
         """
         x = self.embed_tokens(tokens)
+        if self.parallel is not None:  # a vocab-parallel lookup is summed over the devices
+            x = self.parallel.constrain(x)
         new_kv = []
         for layer, layer_kv in zip(self.layers, kv, strict=True):
             x, layer_kv = layer(x, positions, layer_kv, batch)
@@ -353,10 +365,16 @@ class LlamaForCausalLM(nnx.Module):
     def logits(self, h):
         """float32 logits ``[..., vocab]`` of final hidden states."""
         out = self.embed_tokens.attend(h) if self.lm_head is None else self.lm_head(h)
-        return out.astype(jnp.float32)
+        out = out.astype(jnp.float32)
+        if self.parallel is None:
+            return out
+        if self.vocab_parallel:  # each device its own columns (not the whole head gathered)
+            out = self.parallel.constrain(out, -1)
+        return self.parallel.constrain(out)  # sampling reads whole rows
 
     def init_cache(self, num_pages: int, page_size: int, block_tables) -> KVCache:
-        """An empty paged cache for this model (block tables ``[B, max_pages]``)."""
+        """An empty paged cache for this model (block tables ``[B, max_pages]``); on the
+        model's mesh, split by KV heads, when it is tensor-parallel (:func:`shard_model`)."""
         c = self.config
         return KVCache.create(
             c.num_hidden_layers,
@@ -366,6 +384,7 @@ class LlamaForCausalLM(nnx.Module):
             c.head_dim,
             block_tables,
             self.dtype,
+            self.parallel,
         )
 
     def _with_layers(self, cache: KVCache, kv, kv_lens) -> KVCache:
