@@ -30,7 +30,7 @@ _CHILD = "JAX_FLASH_TP_CHILD"
 # then XLA gathers the head-split q/k/v and cache pages around every attention and cache-write
 # custom call (correct, slow), and the collectives of a step are not yet only those that tensor
 # parallelism needs. (Both checks passed on a trial merge with the branch that adds the rules.)
-PRIMITIVES_PARTITIONED = False
+PRIMITIVES_PARTITIONED = True
 
 # GQA 8:4 (4 KV heads: splits over 2 or 4 devices), vocab divisible by 4 (vocab-parallel
 # embedding and LM head), MLP 88 = 4 * 22.
