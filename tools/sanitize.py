@@ -379,23 +379,18 @@ def main(argv=None) -> int:
         help="apply the kernel filter to memcheck and initcheck too",
     )
     parser.add_argument(
-        "--fail-on",
-        choices=("any", "jax_flash"),
-        default="any",
-        help="which errors fail the run: any (default), or only those reported in jax_flash's "
-        "kernels (the summary line always shows both)",
-    )
-    parser.add_argument(
         "--driver",
         action="store_true",
         help="run the ops once, without a sanitizer (what each tool runs)",
     )
-    parser.add_argument(
-        "--driver-platform",
-        choices=("gpu", "cpu"),
-        default="gpu",
-        help="where --driver runs the ops (cpu: to check the driver itself)",
-    )
+    choices = [  # (flag, its values with the default first, help)
+        ("--fail-on", ("any", "jax_flash"), "which errors fail the run: any, or only those "
+         "reported in jax_flash's kernels (the summary line always shows both)"),
+        ("--driver-platform", ("gpu", "cpu"), "where --driver runs the ops (cpu: to check the "
+         "driver itself)"),
+    ]  # fmt: skip
+    for flag, values, text in choices:
+        parser.add_argument(flag, choices=values, default=values[0], help=text)
     args = parser.parse_args(argv)  # fmt: skip
     if args.driver:
         return _driver(args.quick, args.driver_platform)
