@@ -71,6 +71,16 @@ def main():
     parser.add_argument("--head-dim", type=int)
     parser.add_argument("--dtype", help="default bfloat16 (GPU), float32 (CPU)")
     parser.add_argument("--out", help="JSON file to write")
+    parser.add_argument(
+        "--strategies",
+        nargs="+",
+        choices=("ring", "allgather"),
+        default=("ring", "allgather"),
+        help="strategies to time (default both)",
+    )
+    parser.add_argument(
+        "--zigzag-only", action="store_true", help="skip the natural-layout rows (slow for causal)"
+    )
     args = parser.parse_args()
 
     devices = jax.devices()
@@ -135,6 +145,8 @@ def main():
             times = {}
             for strategy, layout, pre in CONFIGS:
                 if layout == "zigzag" and zigzagged is None:
+                    continue
+                if strategy not in args.strategies or (args.zigzag_only and layout == "natural"):
                     continue
                 fn = functools.partial(
                     jax_flash.context_parallel_attention,
