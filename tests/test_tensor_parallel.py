@@ -26,12 +26,6 @@ from jax_flash.nn import block_table  # noqa: E402
 HOST_DEVICES = 4
 _CHILD = "JAX_FLASH_TP_CHILD"
 
-# Flip to True once the primitives carry their partitioning rules (issue 19, point 1): until
-# then XLA gathers the head-split q/k/v and cache pages around every attention and cache-write
-# custom call (correct, slow), and the collectives of a step are not yet only those that tensor
-# parallelism needs. (Both checks passed on a trial merge with the branch that adds the rules.)
-PRIMITIVES_PARTITIONED = True
-
 # GQA 8:4 (4 KV heads: splits over 2 or 4 devices), vocab divisible by 4 (vocab-parallel
 # embedding and LM head), MLP 88 = 4 * 22.
 LLAMA = LlamaConfig(
@@ -253,10 +247,6 @@ def test_collectives_of_the_model_layout(step):
 
 
 @multi
-@pytest.mark.skipif(
-    not PRIMITIVES_PARTITIONED,
-    reason="waits for the primitives' partitioning rules (flip PRIMITIVES_PARTITIONED)",
-)
 @pytest.mark.parametrize("step", ["decode", "prefill"])
 def test_collectives_with_kernels(step):
     """The same with jax_flash's kernels: no all-gather of the KV cache or of q/k/v around the

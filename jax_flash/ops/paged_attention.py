@@ -199,7 +199,7 @@ def paged_attention(
         )
     block_tables = block_tables.astype(jnp.int32)
     kv_lens = _checks.int_vector(_OP, "kv_lens", kv_lens, B)
-    window = reference.normalize_window(causal, sliding_window)
+    window = reference.normalize_window(causal, sliding_window, _OP)
     scale, cap = _checks.scale_and_cap(_OP, D, softmax_scale, logits_soft_cap)
     _checks.implementation(_OP, implementation)
     max_pages = block_tables.shape[1]
