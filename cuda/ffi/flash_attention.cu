@@ -1,5 +1,6 @@
 // XLA FFI handler: jax_flash_flash_attention_cuda. Picks the kernel for (dtype, head dim):
-// the tensor-core kernel where it applies, the SIMT kernel otherwise (float32, odd head dims).
+// the Hopper wgmma kernel on sm_90, else the mma.sync tensor-core kernel where it applies, the
+// SIMT kernel otherwise (float32, odd head dims).
 // Never synchronizes the stream and never allocates, so XLA may capture it in a CUDA graph.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -9,6 +10,7 @@
 #include "registry.h"
 #include "jax_flash/flash_attention_common.cuh"
 #include "jax_flash/flash_attention_mma.cuh"
+#include "jax_flash/hopper/flash_fwd_launch.cuh"
 #include "jax_flash/policy/limits.h"
 
 namespace jax_flash {
@@ -22,6 +24,18 @@ namespace {
 template <typename T>
 cudaError_t dispatch_head_dim(const FlashParams& p, cudaStream_t stream) {
   if constexpr (!std::is_same_v<T, float>) {
+    // Hopper (sm_90a build, compute capability 9.0): the wgmma + TMA kernel; it declines (not
+    // supported) when the driver rejects a TMA descriptor, and the mma.sync kernel runs instead.
+    if (flash_attention_hopper_supported(p)) {
+      cudaError_t status = cudaErrorNotSupported;
+      switch (p.head_dim) {
+        case 64: status = run_flash_attention_hopper<T, 64>(p, stream); break;
+        case 128: status = run_flash_attention_hopper<T, 128>(p, stream); break;
+        case 256: status = run_flash_attention_hopper<T, 256>(p, stream); break;
+        default: break;
+      }
+      if (status != cudaErrorNotSupported) return status;
+    }
     if (flash_attention_mma_supported(p)) {
       switch (p.head_dim) {
         case 64: return run_flash_attention_mma<T, 64>(p, stream);

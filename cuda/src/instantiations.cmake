@@ -47,6 +47,19 @@ foreach(kernel simt mma)
   endforeach()
 endforeach()
 
+# Prefill on Hopper (wgmma + TMA; code only in the sm_90a pass): one file per 16-bit dtype with
+# every head dim, which compile in seconds.
+foreach(tag f16 bf16)
+  set(_jf_hopper_args "")
+  foreach(d IN LISTS _jf_head_dims)
+    list(APPEND _jf_hopper_args "${_jf_type_${tag}}, ${d}")
+  endforeach()
+  jax_flash_instantiate(flash_attention_hopper_${tag}
+    HEADER jax_flash/hopper/flash_fwd_launch.cuh FUNCTION run_flash_attention_hopper
+    PARAMS FlashParams WHAT "${_jf_type_${tag}}, head dims ${_jf_head_dims}"
+    ARGS ${_jf_hopper_args})
+endforeach()
+
 # Paged decode: q of each dtype (tag) with a cache of its own type (file <kernel>_<tag>) and with
 # the quantized caches (<kernel>_<tag>_q8). The template arguments follow `same` / `quant`, in
 # which @T@, @TC@ and @D@ stand for the q type, the cache type and the head dim.

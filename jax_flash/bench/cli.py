@@ -40,7 +40,12 @@ def main(argv=None):
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("which", choices=list(BENCHMARKS))
-    parser.add_argument("--grid", choices=["quick", "full"], default="quick")
+    parser.add_argument(
+        "--grid",
+        choices=["quick", "full", "peers"],
+        default="quick",
+        help="peers (prefill only): the D64/128/256 GQA rows compared with cuDNN, FA3, tokamax",
+    )
     parser.add_argument(
         "--dtype",
         nargs="+",

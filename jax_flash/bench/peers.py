@@ -1,5 +1,5 @@
 """The implementations each benchmark compares jax_flash with, on this platform: on GPU cuDNN,
-XLA, JAX Pallas and the jnp reference; on CPU XLA and the jnp reference. A peer that cannot run
+XLA, JAX Pallas, the FlashAttention-3 binding and tokamax (when installed) and the jnp reference; on CPU XLA and the jnp reference. A peer that cannot run
 a shape is given as a string saying why. A backward grid would add its peers here."""
 
 from __future__ import annotations
@@ -47,12 +47,36 @@ def prefill_peers(device_kind: str, s: PrefillShape):
                 )
 
             peers["pallas_triton"] = pallas_mha
+        peers.update(_optional_prefill_peers(s))
     peers["xla_dpa"] = functools.partial(
         jax.nn.dot_product_attention, is_causal=s.causal, implementation="xla"
     )
     peers["jnp_reference"] = functools.partial(
         jax_flash.flash_attention, causal=s.causal, implementation="xla"
     )
+    return peers
+
+
+def _optional_prefill_peers(s: PrefillShape):
+    """Prefill peers from optional packages, when importable: the FlashAttention-3 binding for
+    JAX (flash-attn3-jax, Hopper only) and tokamax's Mosaic GPU attention."""
+    peers = {}
+    try:
+        from flash_attn3_jax import flash_mha
+    except ImportError:
+        flash_mha = None
+    if flash_mha is not None:
+        peers["fa3"] = functools.partial(
+            flash_mha, softmax_scale=s.head_dim**-0.5, is_causal=s.causal
+        )
+    try:
+        import tokamax
+    except ImportError:
+        tokamax = None
+    if tokamax is not None:
+        peers["tokamax_mosaic"] = functools.partial(
+            tokamax.dot_product_attention, is_causal=s.causal, implementation="mosaic"
+        )
     return peers
 
 

@@ -28,6 +28,16 @@ def grid_shapes(name: str, device_kind: str, dtypes) -> list[PrefillShape]:
             for h_kv in (8, 2)
             for causal in (True, False)
         ]
+    if name == "peers":
+        # The rows compared with cuDNN, the FlashAttention-3 binding and tokamax: D128 GQA-4 at
+        # 16 x 1k, 4 x 4k and 2 x 8k; D64 and D256 at 4 x 4k.
+        sizes = [(128, 16, 1024), (128, 4, 4096), (128, 2, 8192), (64, 4, 4096), (256, 4, 4096)]
+        return [
+            PrefillShape(b, seqlen, 32, 8, d, causal, dt)
+            for dt in dtypes
+            for d, b, seqlen in sizes
+            for causal in (True, False)
+        ]
     if name == "quick":
         return [
             PrefillShape(4, 4096, 32, 8, 128, causal, dt)

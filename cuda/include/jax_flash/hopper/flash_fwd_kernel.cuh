@@ -1,0 +1,415 @@
+// Hopper (sm_90a) fused prefill attention for float16 / bfloat16: warp-specialised, TMA + wgmma.
+//
+// Persistent CTAs walk work items w = blockIdx.x, blockIdx.x + gridDim.x, ...; item w is query
+// head w % num_heads of query tile w / num_heads, query tiles numbered sequence by sequence
+// (heaviest causal tile of a sequence first), so the heads sharing a K/V head run side by side
+// and reuse it from L2. Per item:
+//   producer (warpgroup 0, one thread): TMA loads of the Q tile (once) and of the K and V tiles,
+//     last key tile first, into a kStages-deep ring; each buffer has a "full" mbarrier (TMA
+//     transaction bytes) and an "empty" one (one arrival per consumer warpgroup).
+//   consumers (warpgroups 1, 2; 64 query rows each): S = Q K^T with wgmma from shared memory,
+//     soft cap, mask, online softmax in registers, P converted in registers to wgmma's A
+//     fragment, O += P V with V read MN-major from shared memory. The epilogue stages O in the
+//     warpgroup's own rows of the Q buffer and stores whole 16-byte chunks of valid rows.
+// TMA reads whole tiles of the packed tensors, so a tile can cover rows of the next sequence:
+// such q rows are computed but never stored, such keys are masked in S (as past-the-window keys
+// are), and such V rows are zeroed in shared memory before P V (a masked key's weight is exactly
+// 0, and 0 * inf would be NaN). Rows past the tensors arrive as zeros.
+//
+// Masking, softmax scaling and the lazy rescale follow the mma.sync kernel
+// (flash_attention_mma.cuh): scores in raw units, exp2 with softmax_scale * log2(e) folded in,
+// O and the row sum rescaled only when a row max grows by more than 2^8 in weight.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "jax_flash/flash_attention_common.cuh"
+#include "jax_flash/flash_params.h"
+#include "jax_flash/hopper/ptx.cuh"
+#include "jax_flash/hopper/tile_config.cuh"
+#include "jax_flash/hopper/wgmma.cuh"
+#include "jax_flash/mma_sync.cuh"
+
+namespace jax_flash::hopper {
+
+using mma_detail::fast_exp2;
+using mma_detail::ld_shared_v4;
+using mma_detail::pack2;
+using mma_detail::st_shared_b32;
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kRescaleLog2 = 8.f;
+
+// The key range of one work item and which of its key tiles need a mask (as in the mma.sync
+// kernel): tiles n in [n_first, n_last], visited last to first; tile n needs no mask iff
+// mask_below <= n < mask_from.
+struct KeyTiles {
+  int n_first, n_last, mask_below, mask_from;
+};
+
+template <int BM, int BN>
+__device__ __forceinline__ KeyTiles key_tiles(const FlashParams& p, const SeqExtent& e, int m0) {
+  const int rows = min(BM, e.q_len - m0);
+  int lo_first, hi_first, lo_last, hi_last;
+  visible_keys(p, m0, e.q_len, e.k_len, &lo_first, &hi_first);
+  visible_keys(p, m0 + rows - 1, e.q_len, e.k_len, &lo_last, &hi_last);
+  const int key_end = min(hi_last, e.k_len);
+  KeyTiles kt;
+  kt.n_first = lo_first / BN;
+  kt.n_last = key_end > lo_first ? (key_end - 1) / BN : kt.n_first - 1;
+  kt.mask_below = (lo_last + BN - 1) / BN;
+  kt.mask_from = hi_first > 0 ? hi_first / BN : 0;
+  return kt;
+}
+
+// Work item w: (sequence, query tile, head). False past the last item. Whole warp.
+template <int BM>
+__device__ __forceinline__ bool find_work(const FlashParams& p, int64_t w, FlashTileCursor& cur,
+                                          FlashTile& ft, int& head, int& m0) {
+  const int64_t tile = w / p.num_heads;
+  head = static_cast<int>(w - tile * p.num_heads);
+  if (!flash_find_tile_warp(p, BM, tile, cur, ft)) return false;
+  m0 = (ft.num_m - 1 - ft.m) * BM;  // the heaviest causal tile of a sequence first
+  return true;
+}
+
+// tanh(x) = 1 - 2 / (1 + e^{2x}), as the mma.sync kernel (accurate to ~1e-7, no NaN).
+__device__ __forceinline__ float softcap_tanh(float x) {
+  return 1.f - 2.f / (1.f + fast_exp2(x * (2.f * kLog2e)));
+}
+
+template <typename T, class Tr, bool kSoftcap>
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    flash_fwd_hopper_kernel(const __grid_constant__ FlashParams p,
+                            const __grid_constant__ CUtensorMap tm_q,
+                            const __grid_constant__ CUtensorMap tm_k,
+                            const __grid_constant__ CUtensorMap tm_v) {
+#if defined(JAX_FLASH_SM90A)
+  constexpr int D = Tr::kHeadDim;
+  constexpr int BM = Tr::kBlockM;
+  constexpr int BN = Tr::kBlockN;
+  constexpr int S = Tr::kStages;
+
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sQ = base;
+  const uint32_t sK = base + Tr::kOffK;
+  const uint32_t sV = base + Tr::kOffV;
+  const uint32_t bars = base + Tr::kOffBars;
+  const uint32_t q_full = bars;
+  const uint32_t q_empty = bars + 8;
+  auto k_full = [&](int s) { return bars + 16 + 8 * s; };
+  auto v_full = [&](int s) { return bars + 16 + 8 * (S + s); };
+  auto k_empty = [&](int s) { return bars + 16 + 8 * (2 * S + s); };
+  auto v_empty = [&](int s) { return bars + 16 + 8 * (3 * S + s); };
+
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int wg = warp >> 2;
+
+  if (tid == 0) {
+    mbar_init(q_full, 1);
+    mbar_init(q_empty, Tr::kConsumers);
+    for (int s = 0; s < S; ++s) {
+      mbar_init(k_full(s), 1);
+      mbar_init(v_full(s), 1);
+      mbar_init(k_empty(s), Tr::kConsumers);
+      mbar_init(v_empty(s), Tr::kConsumers);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---------------------------------------------------------------- producer
+    setmaxnreg_dec<Tr::kProducerRegs>();
+    if (warp != 0) return;
+    if (lane == 0) {
+      tma_prefetch_desc(&tm_q);
+      tma_prefetch_desc(&tm_k);
+      tma_prefetch_desc(&tm_v);
+    }
+    FlashTileCursor cur{0, 0};
+    int stage = 0, phase = 0, q_phase = 0;
+    for (int64_t w = blockIdx.x;; w += gridDim.x) {
+      FlashTile ft;
+      int head, m0;
+      if (!find_work<BM>(p, w, cur, ft, head, m0)) break;
+      const KeyTiles kt = key_tiles<BM, BN>(p, ft.ext, m0);
+      if (kt.n_last < kt.n_first) continue;  // the consumers write zeros
+      if (lane == 0) {
+        const int kv_head = head / (p.num_heads / p.num_heads_k);
+        bool first = true;
+        for (int n = kt.n_last; n >= kt.n_first; --n) {
+          const int row = ft.ext.k_start + n * BN;
+          mbar_wait(k_empty(stage), phase ^ 1);
+          mbar_arrive_expect_tx(k_full(stage), Tr::kSmemKV);
+#pragma unroll
+          for (int c = 0; c < Tr::kPanels; ++c)
+            tma_load_3d(sK + stage * Tr::kSmemKV + c * Tr::kPanelKV, &tm_k, k_full(stage), c * 64,
+                        kv_head, row);
+          if (first) {
+            // Q after the first K tile: the K load need not wait for the previous item's
+            // epilogue, which stages O in the Q buffer.
+            mbar_wait(q_empty, q_phase ^ 1);
+            mbar_arrive_expect_tx(q_full, Tr::kSmemQ);
+#pragma unroll
+            for (int c = 0; c < Tr::kPanels; ++c)
+              tma_load_3d(sQ + c * Tr::kPanelQ, &tm_q, q_full, c * 64, head,
+                          ft.ext.q_start + m0);
+            first = false;
+          }
+          mbar_wait(v_empty(stage), phase ^ 1);
+          mbar_arrive_expect_tx(v_full(stage), Tr::kSmemKV);
+#pragma unroll
+          for (int c = 0; c < Tr::kPanels; ++c)
+            tma_load_3d(sV + stage * Tr::kSmemKV + c * Tr::kPanelKV, &tm_v, v_full(stage), c * 64,
+                        kv_head, row);
+          if (++stage == S) {
+            stage = 0;
+            phase ^= 1;
+          }
+        }
+      }
+      q_phase ^= 1;
+      __syncwarp();
+    }
+    return;
+  }
+
+  // ------------------------------------------------------------------ consumers
+  setmaxnreg_inc<Tr::kConsumerRegs>();
+  const int cw = wg - 1;               // consumer warpgroup: query rows 64 cw .. 64 cw + 63
+  const int ctid = tid - 128;          // 0..255 over both consumer warpgroups
+  const int wtid = tid & 127;          // thread within the warpgroup
+  const int g = lane >> 2;             // accumulator row (and +8) within the warp's 16
+  const int t = lane & 3;              // accumulator column pair
+  const int row_in_tile = 64 * cw + 16 * (warp & 3) + g;  // this thread's first row (second +8)
+
+  float scale_log2, softcap_in = 0.f;
+  if constexpr (kSoftcap) {
+    softcap_in = p.softmax_scale / p.softcap;
+    scale_log2 = p.softcap * kLog2e;
+  } else {
+    scale_log2 = p.softmax_scale * kLog2e;
+  }
+
+  FlashTileCursor cur{0, 0};
+  int stage = 0, phase = 0, q_phase = 0;
+  for (int64_t w = blockIdx.x;; w += gridDim.x) {
+    FlashTile ft;
+    int head, m0;
+    if (!find_work<BM>(p, w, cur, ft, head, m0)) break;
+    const SeqExtent e = ft.ext;
+    const KeyTiles kt = key_tiles<BM, BN>(p, e, m0);
+    T* o_tile = static_cast<T*>(p.o) + static_cast<int64_t>(e.q_start + m0) * p.o_row_stride +
+                static_cast<int64_t>(head) * D;
+    float* lse_tile =
+        p.lse == nullptr ? nullptr : p.lse + static_cast<int64_t>(head) * p.total_q + e.q_start + m0;
+
+    if (kt.n_last < kt.n_first) {
+      // No key visible to any row: o = 0, lse = -inf, written straight from registers.
+      for (int i = wtid; i < 64 * (D / 8); i += 128) {
+        const int r = 64 * cw + i / (D / 8);
+        if (m0 + r < e.q_len) {
+          *reinterpret_cast<uint4*>(o_tile + static_cast<int64_t>(r) * p.o_row_stride +
+                                    (i % (D / 8)) * 8) = make_uint4(0u, 0u, 0u, 0u);
+          if (lse_tile != nullptr && i % (D / 8) == 0) lse_tile[r] = -INFINITY;
+        }
+      }
+      continue;
+    }
+
+    float o[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+    float row_max[2] = {-INFINITY, -INFINITY};
+    float row_sum[2] = {0.f, 0.f};
+
+    mbar_wait(q_full, q_phase);
+    const uint32_t q_rows = sQ + 64 * cw * 128;
+
+    for (int n = kt.n_last; n >= kt.n_first; --n) {
+      const int n0 = n * BN;
+      // S = Q K^T
+      float s[BN / 2];
+      mbar_wait(k_full(stage), phase);
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) reg_fence(s[i]);
+      wgmma_fence();
+      const uint32_t k_tile = sK + stage * Tr::kSmemKV;
+#pragma unroll
+      for (int k = 0; k < D / 16; ++k) {
+        const uint32_t off = (k % 4) * 32;  // k16 step inside a 64-column panel
+        const uint64_t da = smem_desc_sw128(q_rows + (k / 4) * Tr::kPanelQ + off, 16, 1024);
+        const uint64_t db = smem_desc_sw128(k_tile + (k / 4) * Tr::kPanelKV + off, 16, 1024);
+        Wgmma<T, BN>::ss(s, da, db, k > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) reg_fence(s[i]);
+      if (wtid == 0) mbar_arrive(k_empty(stage));
+
+      if constexpr (kSoftcap) {
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) s[i] = softcap_tanh(s[i] * softcap_in);
+      }
+      // Mask (after the soft cap: tanh would turn -inf back into a finite score).
+      if (n < kt.mask_below || n >= kt.mask_from) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          int lo, hi;
+          visible_keys(p, m0 + row_in_tile + 8 * hf, e.q_len, e.k_len, &lo, &hi);
+          lo -= n0 + 2 * t;
+          hi -= n0 + 2 * t;
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              if (j * 8 + c < lo || j * 8 + c >= hi) s[4 * j + 2 * hf + c] = -INFINITY;
+            }
+          }
+        }
+      }
+
+      // Online softmax with the lazy rescale (warp-uniform decision).
+      {
+        float mx[2];
+        bool grow = false;
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          float m = -INFINITY;
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j)
+            m = fmaxf(m, fmaxf(s[4 * j + 2 * hf], s[4 * j + 2 * hf + 1]));
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+          mx[hf] = m;
+          grow |= m * scale_log2 > row_max[hf] * scale_log2 + kRescaleLog2;
+        }
+        if (__any_sync(0xffffffffu, grow)) {
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const float m_new = fmaxf(row_max[hf], mx[hf]);
+            const float m_scaled = m_new == -INFINITY ? 0.f : m_new * scale_log2;
+            const float corr = fast_exp2(row_max[hf] * scale_log2 - m_scaled);
+            row_max[hf] = m_new;
+            row_sum[hf] *= corr;
+#pragma unroll
+            for (int j = 0; j < D / 8; ++j) {
+              o[4 * j + 2 * hf] *= corr;
+              o[4 * j + 2 * hf + 1] *= corr;
+            }
+          }
+        }
+      }
+      uint32_t pa[BN / 16][4];
+      {
+        float m_scaled[2];
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf)
+          m_scaled[hf] = row_max[hf] == -INFINITY ? 0.f : row_max[hf] * scale_log2;
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) {
+          const int hf = (i >> 1) & 1;
+          s[i] = fast_exp2(fmaf(s[i], scale_log2, -m_scaled[hf]));
+          row_sum[hf] += s[i];
+        }
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+          pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
+          pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+          pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+          pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+        }
+      }
+
+      // O += P V
+      mbar_wait(v_full(stage), phase);
+      const uint32_t v_tile = sV + stage * Tr::kSmemKV;
+      if (n == kt.n_last && n0 + BN > e.k_len) {
+        // Rows past the sequence's keys (another sequence's, or zeros past the tensor) must not
+        // reach O: zero them. Both consumer warpgroups share the work, then meet.
+        const int first_row = e.k_len - n0;
+        for (int i = ctid; i < (BN - first_row) * Tr::kPanels * 8; i += 256) {
+          const int r = first_row + i / (Tr::kPanels * 8);
+          const int c = i % (Tr::kPanels * 8);
+          const uint32_t addr = v_tile + (c / 8) * Tr::kPanelKV + r * 128 + (c % 8) * 16;
+          asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0u)
+                       : "memory");
+        }
+        fence_proxy_async();
+        named_sync(1, 256);
+      }
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) reg_fence(o[i]);
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) reg_fence(pa[kk][i]);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        const uint64_t db = smem_desc_sw128(v_tile + kk * 16 * 128, Tr::kPanelKV, 1024);
+        Wgmma<T, D>::rs(o, pa[kk], db);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) reg_fence(o[i]);
+      if (wtid == 0) mbar_arrive(v_empty(stage));
+      if (++stage == S) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
+
+    // Epilogue: normalize, lse, stage O in this warpgroup's rows of the Q buffer (its own Q rows,
+    // which only it read), then store whole 16-byte chunks of the valid rows.
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float sum = row_sum[hf];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const bool empty = !(sum > 0.f);
+      const float inv = empty ? 0.f : 1.f / sum;
+      const int r = row_in_tile + 8 * hf;
+      if (t == 0 && lse_tile != nullptr && m0 + r < e.q_len)
+        lse_tile[r] = empty ? -INFINITY : (row_max[hf] * scale_log2 + log2f(sum)) * kLn2;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        const uint32_t v = pack2<T>(o[4 * j + 2 * hf] * inv, o[4 * j + 2 * hf + 1] * inv);
+        const uint32_t addr = sQ + (j / 8) * Tr::kPanelQ + r * 128 + (((j % 8) ^ (r % 8)) << 4) + t * 4;
+        st_shared_b32(addr, v);
+      }
+    }
+    named_sync(2 + cw, 128);
+#pragma unroll
+    for (int i = 0; i < 64 * (D / 8) / 128; ++i) {
+      const int idx = wtid + 128 * i;
+      const int r = 64 * cw + idx / (D / 8);
+      const int c = idx % (D / 8);
+      if (m0 + r < e.q_len) {
+        const uint4 v = ld_shared_v4(sQ + (c / 8) * Tr::kPanelQ + r * 128 + (((c % 8) ^ (r % 8)) << 4));
+        *reinterpret_cast<uint4*>(o_tile + static_cast<int64_t>(r) * p.o_row_stride + c * 8) = v;
+      }
+    }
+    // The next item's Q arrives by TMA (async proxy) over these rows.
+    fence_proxy_async();
+    named_sync(2 + cw, 128);
+    if (wtid == 0) mbar_arrive(q_empty);
+    q_phase ^= 1;
+  }
+#endif  // JAX_FLASH_SM90A
+}
+
+}  // namespace jax_flash::hopper

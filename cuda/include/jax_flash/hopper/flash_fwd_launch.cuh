@@ -1,0 +1,146 @@
+// Host side of the Hopper prefill kernel: which calls it takes, the TMA descriptors over the
+// packed q / k / v tensors, and the persistent launch.
+//
+// The kernel has code only in an sm_90a build (CMake defines JAX_FLASH_HAS_SM90A when "90a" is
+// among the CUDA architectures) and runs only on compute capability 9.0 devices; elsewhere
+// flash_attention_hopper_supported is false and the dispatcher takes the mma.sync kernel.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "jax_flash/flash_params.h"
+#include "jax_flash/hopper/flash_fwd_kernel.cuh"
+#include "jax_flash/hopper/tile_config.cuh"
+#include "jax_flash/launch.cuh"
+
+namespace jax_flash {
+
+// The calls the Hopper kernel computes exactly as the contract says:
+//  - an sm_90a build on a compute capability 9.0 device;
+//  - dtype float16 or bfloat16; head_dim == head_dim_v in {64, 128, 256};
+//  - num_heads % num_heads_k == 0; total_k > 0;
+//  - q, k, v, o 16-byte aligned, row strides multiples of 8 elements (TMA's 16-byte strides);
+//    lse 4-byte aligned or null;
+//  - softmax_scale finite, and > 0 unless softcap > 0; softcap finite.
+inline bool flash_attention_hopper_supported(const FlashParams& p) {
+#if defined(JAX_FLASH_HAS_SM90A)
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return false;
+  if (p.head_dim != p.head_dim_v) return false;
+  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return false;
+  if (p.num_heads < 1 || p.num_heads_k < 1 || p.num_heads % p.num_heads_k != 0) return false;
+  if (p.total_k <= 0 || p.total_q <= 0) return false;
+  auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.o)) return false;
+  if (reinterpret_cast<uintptr_t>(p.lse) % 4 != 0) return false;
+  if (p.q_row_stride % 8 != 0 || p.k_row_stride % 8 != 0 || p.v_row_stride % 8 != 0 ||
+      p.o_row_stride % 8 != 0)
+    return false;
+  if (!std::isfinite(p.softmax_scale) || !std::isfinite(p.softcap)) return false;
+  if (!(p.softcap > 0.f) && !(p.softmax_scale > 0.f)) return false;
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+    return false;
+  return major == 9 && minor == 0;
+#else
+  (void)p;
+  return false;
+#endif
+}
+
+namespace hopper {
+
+// A 3-d tensor map over a packed [rows, heads, cols] tensor (row stride `row_stride` elements,
+// heads contiguous), boxes of 64 columns x 1 head x box_rows rows, 128-byte swizzled; elements
+// past the tensor read as zeros. False when the driver rejects it.
+inline bool make_tensor_map(CUtensorMap* map, const void* ptr, DType dtype, int cols, int heads,
+                            int rows, int64_t row_stride, int box_rows) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult res;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &res) != cudaSuccess ||
+        res != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(heads),
+                              static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(cols) * 2,
+                                 static_cast<cuuint64_t>(row_stride) * 2};
+  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUtensorMapDataType type = dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                             : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return encode(map, type, 3, const_cast<void*>(ptr), dims, strides, box, elem_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <typename T, class Tr, bool kSoftcap>
+cudaError_t launch_flash_hopper(const FlashParams& p, cudaStream_t stream) {
+  CUtensorMap tm_q, tm_k, tm_v;
+  if (!make_tensor_map(&tm_q, p.q, p.dtype, p.head_dim, p.num_heads, p.total_q, p.q_row_stride,
+                       Tr::kBlockM) ||
+      !make_tensor_map(&tm_k, p.k, p.dtype, p.head_dim, p.num_heads_k, p.total_k, p.k_row_stride,
+                       Tr::kBlockN) ||
+      !make_tensor_map(&tm_v, p.v, p.dtype, p.head_dim_v, p.num_heads_k, p.total_k,
+                       p.v_row_stride, Tr::kBlockN))
+    return cudaErrorNotSupported;
+  auto kernel = flash_fwd_hopper_kernel<T, Tr, kSoftcap>;
+  cudaError_t err = ensure_smem_attrs<flash_fwd_hopper_kernel<T, Tr, kSoftcap>>(Tr::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  int dev = 0, sms = 0;
+  err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (err != cudaSuccess) return err;
+  // Work items: (query tile slot, head); a persistent CTA per SM strides over them.
+  const int64_t items = flash_num_tile_slots(p, Tr::kBlockM) * p.num_heads;
+  const int grid = static_cast<int>(items < sms ? items : sms);
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, tm_q, tm_k, tm_v);
+  return cudaGetLastError();
+}
+
+}  // namespace hopper
+
+// Fused attention on the Hopper kernel for p.head_dim == p.head_dim_v == kHeadDim, T = __half or
+// __nv_bfloat16, params accepted by flash_attention_hopper_supported. Writes o and lse for every
+// row that some sequence owns (rows past max_seqlen_q excepted). Returns cudaErrorNotSupported,
+// launching nothing, when the driver rejects a TMA descriptor (the caller then takes another
+// kernel). Asynchronous on `stream`; never synchronizes or allocates.
+template <typename T, int kHeadDim>
+cudaError_t run_flash_attention_hopper(const FlashParams& p, cudaStream_t stream) {
+  static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>,
+                "float16 or bfloat16");
+  using Tr = typename hopper::HopperDefaultTraits<kHeadDim>::type;
+  if (p.softcap > 0.f) return hopper::launch_flash_hopper<T, Tr, true>(p, stream);
+  return hopper::launch_flash_hopper<T, Tr, false>(p, stream);
+}
+
+// Instantiated in the files flash_attention_hopper_{f16,bf16}.cu that
+// cuda/src/instantiations.cmake generates.
+extern template cudaError_t run_flash_attention_hopper<__half, 64>(const FlashParams&,
+                                                                   cudaStream_t);
+extern template cudaError_t run_flash_attention_hopper<__half, 128>(const FlashParams&,
+                                                                    cudaStream_t);
+extern template cudaError_t run_flash_attention_hopper<__half, 256>(const FlashParams&,
+                                                                    cudaStream_t);
+extern template cudaError_t run_flash_attention_hopper<__nv_bfloat16, 64>(const FlashParams&,
+                                                                          cudaStream_t);
+extern template cudaError_t run_flash_attention_hopper<__nv_bfloat16, 128>(const FlashParams&,
+                                                                           cudaStream_t);
+extern template cudaError_t run_flash_attention_hopper<__nv_bfloat16, 256>(const FlashParams&,
+                                                                           cudaStream_t);
+
+}  // namespace jax_flash

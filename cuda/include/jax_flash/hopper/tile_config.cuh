@@ -1,0 +1,63 @@
+// Tile shapes and shared-memory layout of the Hopper prefill kernel (flash_fwd_kernel.cuh).
+//
+// A CTA has 3 warpgroups: warpgroup 0 is the producer (one thread issues every TMA load; the
+// warpgroup gives its registers away with setmaxnreg), warpgroups 1 and 2 are consumers, each
+// computing 64 of the tile's kBlockM = 128 query rows (wgmma's M is 64 per warpgroup).
+//
+// Shared memory (all regions 1024-byte aligned, the 128-byte swizzle's period): every tile is
+// stored as head_dim / 64 column panels of [rows][64] elements, 128 bytes a row, 128-byte
+// swizzled (TMA's SWIZZLE_128B, the layout wgmma descriptors read). Q (reused to stage O),
+// kStages K tiles, kStages V tiles, then the mbarriers.
+#pragma once
+
+#include <cstdint>
+
+namespace jax_flash::hopper {
+
+template <int kHeadDim_, int kBlockN_, int kStages_>
+struct HopperTraits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = 128;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kConsumers = 2;  // consumer warpgroups
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;  // 128 * 40 + 256 * 232 <= 64K registers
+
+  static constexpr int kPanels = kHeadDim / 64;
+  static constexpr int kPanelQ = kBlockM * 128;  // bytes of one 64-column panel of Q
+  static constexpr int kPanelKV = kBlockN * 128;
+  static constexpr int kSmemQ = kPanels * kPanelQ;
+  static constexpr int kSmemKV = kPanels * kPanelKV;  // one K or one V stage
+  static constexpr int kOffK = kSmemQ;
+  static constexpr int kOffV = kOffK + kStages * kSmemKV;
+  static constexpr int kOffBars = kOffV + kStages * kSmemKV;
+  // mbarriers (8 bytes each): q_full, q_empty, then k_full, v_full, k_empty, v_empty per stage.
+  static constexpr int kNumBars = 2 + 4 * kStages;
+  static constexpr int kSmemBytes = 1024 /* alignment slack */ + kOffBars + 8 * kNumBars;
+
+  static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256, "head dims 64, 128, 192, 256");
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
+};
+
+// Tiles per head dim (key tile kBlockN, K/V ring depth): the largest key tile whose
+// accumulators fit 240 registers per consumer thread (S: kBlockN / 2, O: head_dim / 2 floats)
+// with a 2-deep K/V ring in shared memory.
+template <int kHeadDim>
+struct HopperDefaultTraits;
+template <>
+struct HopperDefaultTraits<64> {
+  using type = HopperTraits<64, 128, 3>;
+};
+template <>
+struct HopperDefaultTraits<128> {
+  using type = HopperTraits<128, 128, 2>;
+};
+template <>
+struct HopperDefaultTraits<256> {
+  using type = HopperTraits<256, 64, 2>;
+};
+
+}  // namespace jax_flash::hopper

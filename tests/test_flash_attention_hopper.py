@@ -1,0 +1,82 @@
+"""Tile edges of the prefill kernels' 128-row query tiles and 64/128-row key tiles (the Hopper
+kernel's; on other GPUs and on CPU the same cases check the kernels there): lengths that are
+not multiples of the tiles, Sq != Skv, windows crossing tiles, rows that see no key, packed
+sequences whose tiles reach into the next sequence, and non-finite values past a length."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_flash
+from jax_flash import reference
+
+from _util import DTYPES, randn, rel_err, tolerance
+from test_flash_attention import _dense_case, _varlen_case
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_lengths_off_the_tiles(platform, rng, d, causal, dtype):
+    _dense_case(platform, rng, 2, 200, 200, 6, 2, d, dtype, causal=causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq,skv", [(130, 300), (300, 130), (129, 129), (1, 257)])
+def test_unequal_lengths_across_tiles(platform, rng, sq, skv, causal):
+    o, lse = _dense_case(platform, rng, 1, sq, skv, 4, 1, 128, "bfloat16", causal=causal)
+    if causal and sq > skv:  # bottom-right: the first sq - skv rows see no key
+        assert np.all(o[:, : sq - skv] == 0)
+        assert np.all(np.isneginf(lse[:, :, : sq - skv]))
+
+
+@pytest.mark.parametrize("window", [(100, 0), (150, 20), (0, 130), (1, 1)], ids=str)
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_windows_crossing_tiles(platform, rng, window, d):
+    _dense_case(platform, rng, 1, 333, 333, 4, 2, d, "bfloat16", sliding_window=window)
+
+
+def test_soft_cap_across_tiles(platform, rng):
+    _dense_case(
+        platform, rng, 1, 259, 259, 4, 2, 128, "float16", causal=True, logits_soft_cap=5.0
+    )
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_tiles_into_next_sequence(platform, rng, causal, d):
+    # 130 and 257 rows end inside a tile whose other rows belong to the next sequence.
+    q_lens = [130, 1, 257, 0, 64, 129]
+    k_lens = [200, 129, 257, 5, 64, 3]
+    _varlen_case(platform, rng, q_lens, k_lens, 4, 2, d, "bfloat16", tail=3, causal=causal)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_values_past_a_length_never_reach_the_output(platform, rng, bad, d):
+    # kv_seqlens 70 and 150 end inside a key tile; every k and v row past them is non-finite.
+    B, S, Hq, Hkv = 2, 256, 4, 2
+    dtype = jnp.bfloat16
+    q, k, v = (randn(rng, (B, S, h, d), dtype) for h in (Hq, Hkv, Hkv))
+    kv_lens = np.array([70, 150], np.int32)
+    past = np.arange(S)[None, :, None, None] >= kv_lens[:, None, None, None]
+    k_bad, v_bad = (jnp.where(past, jnp.asarray(bad, dtype), x) for x in (k, v))
+    fn = functools.partial(jax_flash.flash_attention, implementation=platform.name)
+    o = jax.jit(fn)(*platform.put(q, k_bad, v_bad), kv_seqlens=platform.put(jnp.asarray(kv_lens)))
+    cpu = jax.devices("cpu")[0]
+    q, k, v = (jax.device_put(x, cpu) for x in (q, k, v))
+    lens = jnp.asarray(kv_lens)
+    ref_o = reference.attention(*(x.astype(jnp.float32) for x in (q, k, v)), kv_seqlens=lens)
+    same = reference.attention(q, k, v, kv_seqlens=lens, compute_dtype=dtype)
+    tol = tolerance(dtype, rel_err(same, ref_o))
+    err = rel_err(o, ref_o)
+    assert err <= tol, f"relative error {err:.3g} > tolerance {tol:.3g}"
+
+
+def test_rows_seeing_no_key_in_a_tile(platform, rng):
+    # Causal with Sq - Skv = 250: the first 250 rows (whole 128-row tiles) see no key.
+    o, lse = _dense_case(platform, rng, 1, 400, 150, 2, 1, 64, "float16", causal=True)
+    assert np.all(o[:, :250] == 0) and np.all(np.isneginf(lse[:, :, :250]))
