@@ -9,8 +9,11 @@
 //     transaction bytes) and an "empty" one (one arrival per consumer warpgroup).
 //   consumers (warpgroups 1, 2; 64 query rows each): S = Q K^T with wgmma from shared memory,
 //     soft cap, mask, online softmax in registers, P converted in registers to wgmma's A
-//     fragment, O += P V with V read MN-major from shared memory. The epilogue stages O in the
-//     warpgroup's own rows of the Q buffer and stores whole 16-byte chunks of valid rows.
+//     fragment, O += P V with V read MN-major from shared memory. The softmax of key tile n
+//     runs while the tensor cores compute P V of tile n + 1 (kOverlap), and the two warpgroups
+//     take turns issuing their GEMMs (kPingPong), so one's softmax hides under the other's
+//     GEMMs. The epilogue stages O in the warpgroup's own rows of the Q buffer and stores whole
+//     16-byte chunks of valid rows.
 // TMA reads whole tiles of the packed tensors, so a tile can cover rows of the next sequence:
 // such q rows are computed but never stored, such keys are masked in S (as past-the-window keys
 // are), and such V rows are zeroed in shared memory before P V (a masked key's weight is exactly
@@ -202,6 +205,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     scale_log2 = p.softmax_scale * kLog2e;
   }
 
+  if constexpr (Tr::kPingPong) {
+    if (cw == 1) named_arrive(4, 256);  // consumer warpgroup 0 takes the first turn
+  }
   FlashTileCursor cur{0, 0};
   int stage = 0, phase = 0, q_phase = 0;
   for (int64_t w = blockIdx.x;; w += gridDim.x) {
@@ -237,15 +243,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     mbar_wait(q_full, q_phase);
     const uint32_t q_rows = sQ + 64 * cw * 128;
 
-    for (int n = kt.n_last; n >= kt.n_first; --n) {
-      const int n0 = n * BN;
-      // S = Q K^T
-      float s[BN / 2];
-      mbar_wait(k_full(stage), phase);
-#pragma unroll
-      for (int i = 0; i < BN / 2; ++i) reg_fence(s[i]);
-      wgmma_fence();
-      const uint32_t k_tile = sK + stage * Tr::kSmemKV;
+    // Per key tile n (last to first), software-pipelined so that the softmax of tile n runs
+    // while the tensor cores compute O += P V of the previous tile:
+    //   issue S = Q K(n)^T; issue O += P(n+1) V(n+1); wait for S; mask + softmax(n) into P;
+    //   wait for P V; rescale O (only when a row max grew).
+    float s[BN / 2];
+    uint32_t pa[BN / 16][4];
+    auto issue_s = [&](int st) {
+      const uint32_t k_tile = sK + st * Tr::kSmemKV;
 #pragma unroll
       for (int k = 0; k < D / 16; ++k) {
         const uint32_t off = (k % 4) * 32;  // k16 step inside a 64-column panel
@@ -254,11 +259,40 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         Wgmma<T, BN>::ss(s, da, db, k > 0);
       }
       wgmma_commit();
-      wgmma_wait<0>();
+    };
+    auto issue_pv = [&](int st) {
+      const uint32_t v_tile = sV + st * Tr::kSmemKV;
 #pragma unroll
-      for (int i = 0; i < BN / 2; ++i) reg_fence(s[i]);
-      if (wtid == 0) mbar_arrive(k_empty(stage));
-
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        const uint64_t db = smem_desc_sw128(v_tile + kk * 16 * 128, Tr::kPanelKV, 1024);
+        Wgmma<T, D>::rs(o, pa[kk], db);
+      }
+      wgmma_commit();
+    };
+    // Waits for V(n) in stage st; the first (last in key order) tile can hold rows past the
+    // sequence's keys (another sequence's, or zeros past the tensor): they must not reach O, so
+    // both consumer warpgroups zero them, then meet.
+    auto wait_v = [&](int st, int ph, int n) {
+      mbar_wait(v_full(st), ph);
+      const int n0 = n * BN;
+      if (n == kt.n_last && n0 + BN > e.k_len) {
+        const uint32_t v_tile = sV + st * Tr::kSmemKV;
+        const int first_row = e.k_len - n0;
+        for (int i = ctid; i < (BN - first_row) * Tr::kPanels * 8; i += 256) {
+          const int r = first_row + i / (Tr::kPanels * 8);
+          const int c = i % (Tr::kPanels * 8);
+          const uint32_t addr = v_tile + (c / 8) * Tr::kPanelKV + r * 128 + (c % 8) * 16;
+          asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0u)
+                       : "memory");
+        }
+        fence_proxy_async();
+        named_sync(1, 256);
+      }
+    };
+    // Soft cap, mask and online softmax of S (key tile n) into P (in s); returns the factor
+    // O must be multiplied by per row (1 when no row max grew past the lazy threshold).
+    auto softmax = [&](int n, float (&corr)[2]) -> bool {
+      const int n0 = n * BN;
       if constexpr (kSoftcap) {
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) s[i] = softcap_tanh(s[i] * softcap_in);
@@ -280,98 +314,175 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           }
         }
       }
-
-      // Online softmax with the lazy rescale (warp-uniform decision).
-      {
-        float mx[2];
-        bool grow = false;
+      float mx[2];
+      bool grow = false;
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        float m = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+          m = fmaxf(m, fmaxf(s[4 * j + 2 * hf], s[4 * j + 2 * hf + 1]));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        mx[hf] = m;
+        grow |= m * scale_log2 > row_max[hf] * scale_log2 + kRescaleLog2;
+      }
+      // Lazy rescale (warp-uniform decision): a row keeps its reference max until a score
+      // exceeds it by more than 2^kRescaleLog2 in weight. A row whose reference is still -inf
+      // subtracts 0: its weights are exp2(-inf) = 0, never NaN.
+      const bool rescale = __any_sync(0xffffffffu, grow);
+      corr[0] = corr[1] = 1.f;
+      if (rescale) {
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-          float m = -INFINITY;
-#pragma unroll
-          for (int j = 0; j < BN / 8; ++j)
-            m = fmaxf(m, fmaxf(s[4 * j + 2 * hf], s[4 * j + 2 * hf + 1]));
-          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-          mx[hf] = m;
-          grow |= m * scale_log2 > row_max[hf] * scale_log2 + kRescaleLog2;
-        }
-        if (__any_sync(0xffffffffu, grow)) {
-#pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            const float m_new = fmaxf(row_max[hf], mx[hf]);
-            const float m_scaled = m_new == -INFINITY ? 0.f : m_new * scale_log2;
-            const float corr = fast_exp2(row_max[hf] * scale_log2 - m_scaled);
-            row_max[hf] = m_new;
-            row_sum[hf] *= corr;
-#pragma unroll
-            for (int j = 0; j < D / 8; ++j) {
-              o[4 * j + 2 * hf] *= corr;
-              o[4 * j + 2 * hf + 1] *= corr;
-            }
-          }
+          const float m_new = fmaxf(row_max[hf], mx[hf]);
+          const float m_scaled = m_new == -INFINITY ? 0.f : m_new * scale_log2;
+          corr[hf] = fast_exp2(row_max[hf] * scale_log2 - m_scaled);
+          row_max[hf] = m_new;
+          row_sum[hf] *= corr[hf];
         }
       }
-      uint32_t pa[BN / 16][4];
-      {
-        float m_scaled[2];
+      float m_scaled[2];
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf)
-          m_scaled[hf] = row_max[hf] == -INFINITY ? 0.f : row_max[hf] * scale_log2;
+      for (int hf = 0; hf < 2; ++hf)
+        m_scaled[hf] = row_max[hf] == -INFINITY ? 0.f : row_max[hf] * scale_log2;
 #pragma unroll
-        for (int i = 0; i < BN / 2; ++i) {
-          const int hf = (i >> 1) & 1;
-          s[i] = fast_exp2(fmaf(s[i], scale_log2, -m_scaled[hf]));
-          row_sum[hf] += s[i];
-        }
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-          pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
-          pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
-          pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
-          pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
-        }
+      for (int i = 0; i < BN / 2; ++i) {
+        const int hf = (i >> 1) & 1;
+        s[i] = fast_exp2(fmaf(s[i], scale_log2, -m_scaled[hf]));
+        row_sum[hf] += s[i];
       }
-
-      // O += P V
-      mbar_wait(v_full(stage), phase);
-      const uint32_t v_tile = sV + stage * Tr::kSmemKV;
-      if (n == kt.n_last && n0 + BN > e.k_len) {
-        // Rows past the sequence's keys (another sequence's, or zeros past the tensor) must not
-        // reach O: zero them. Both consumer warpgroups share the work, then meet.
-        const int first_row = e.k_len - n0;
-        for (int i = ctid; i < (BN - first_row) * Tr::kPanels * 8; i += 256) {
-          const int r = first_row + i / (Tr::kPanels * 8);
-          const int c = i % (Tr::kPanels * 8);
-          const uint32_t addr = v_tile + (c / 8) * Tr::kPanelKV + r * 128 + (c % 8) * 16;
-          asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0u)
-                       : "memory");
-        }
-        fence_proxy_async();
-        named_sync(1, 256);
+      return rescale;
+    };
+    auto pack_p = [&]() {
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
+        pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+        pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+        pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
       }
+    };
+    // Ping-pong of the two consumer warpgroups: each issues its GEMMs only in its turn and then
+    // hands the turn over, so that one's softmax runs while the other's GEMMs use the tensor
+    // cores. (Both issue the same number of GEMM groups, so the turns stay paired.)
+    auto turn_begin = [&]() {
+      if constexpr (Tr::kPingPong) named_sync(4 + cw, 256);
+    };
+    auto turn_end = [&]() {
+      if constexpr (Tr::kPingPong) named_arrive(5 - cw, 256);
+    };
+    // Register fences keep the compiler from moving accesses of wgmma operands across the
+    // issue / wait (each only where that operand is live).
+    auto fence_o = [&]() {
 #pragma unroll
       for (int i = 0; i < D / 2; ++i) reg_fence(o[i]);
+    };
+    auto fence_s = [&]() {
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) reg_fence(s[i]);
+    };
+    auto fence_p = [&]() {
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk)
 #pragma unroll
         for (int i = 0; i < 4; ++i) reg_fence(pa[kk][i]);
+    };
+
+    // The first key tile: S, softmax (O is still zero: no rescale).
+    {
+      float corr[2];
+      mbar_wait(k_full(stage), phase);
+      fence_s();
+      turn_begin();
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
-        const uint64_t db = smem_desc_sw128(v_tile + kk * 16 * 128, Tr::kPanelKV, 1024);
-        Wgmma<T, D>::rs(o, pa[kk], db);
-      }
-      wgmma_commit();
+      issue_s(stage);
+      turn_end();
       wgmma_wait<0>();
+      fence_s();
+      if (wtid == 0) mbar_arrive(k_empty(stage));
+      softmax(kt.n_last, corr);
+      pack_p();
+    }
+    int v_stage = stage, v_phase = phase, v_n = kt.n_last;
+    if (++stage == S) {
+      stage = 0;
+      phase ^= 1;
+    }
+    for (int n = kt.n_last - 1; n >= kt.n_first; --n) {
+      float corr[2];
+      bool rescale;
+      if constexpr (Tr::kOverlap) {
+        mbar_wait(k_full(stage), phase);
+        wait_v(v_stage, v_phase, v_n);
+        fence_o();
+        fence_p();
+        fence_s();
+        turn_begin();
+        wgmma_fence();
+        issue_s(stage);
+        issue_pv(v_stage);
+        turn_end();
+        wgmma_wait<1>();  // S done, P V in flight
+        fence_s();
+        if (wtid == 0) mbar_arrive(k_empty(stage));
+        rescale = softmax(n, corr);
+        wgmma_wait<0>();
+        fence_o();
+        fence_p();
+        if (wtid == 0) mbar_arrive(v_empty(v_stage));
+      } else {
+        // Without the overlap P and S are never live together (fewer registers).
+        wait_v(v_stage, v_phase, v_n);
+        fence_o();
+        fence_p();
+        turn_begin();
+        wgmma_fence();
+        issue_pv(v_stage);
+        turn_end();
+        wgmma_wait<0>();
+        fence_o();
+        if (wtid == 0) mbar_arrive(v_empty(v_stage));
+        mbar_wait(k_full(stage), phase);
+        fence_s();
+        turn_begin();
+        wgmma_fence();
+        issue_s(stage);
+        turn_end();
+        wgmma_wait<0>();
+        fence_s();
+        if (wtid == 0) mbar_arrive(k_empty(stage));
+        rescale = softmax(n, corr);
+      }
+      if (rescale) {
 #pragma unroll
-      for (int i = 0; i < D / 2; ++i) reg_fence(o[i]);
-      if (wtid == 0) mbar_arrive(v_empty(stage));
+        for (int j = 0; j < D / 8; ++j) {
+          o[4 * j] *= corr[0];
+          o[4 * j + 1] *= corr[0];
+          o[4 * j + 2] *= corr[1];
+          o[4 * j + 3] *= corr[1];
+        }
+      }
+      pack_p();
+      v_stage = stage;
+      v_phase = phase;
+      v_n = n;
       if (++stage == S) {
         stage = 0;
         phase ^= 1;
       }
     }
+    // The last P V.
+    wait_v(v_stage, v_phase, v_n);
+    fence_o();
+    fence_p();
+    turn_begin();
+    wgmma_fence();
+    issue_pv(v_stage);
+    turn_end();
+    wgmma_wait<0>();
+    fence_o();
+    if (wtid == 0) mbar_arrive(v_empty(v_stage));
 
     // Epilogue: normalize, lse, stage O in this warpgroup's rows of the Q buffer (its own Q rows,
     // which only it read), then store whole 16-byte chunks of the valid rows.

@@ -14,12 +14,16 @@
 
 namespace jax_flash::hopper {
 
-template <int kHeadDim_, int kBlockN_, int kStages_>
+template <int kHeadDim_, int kBlockN_, int kStages_, bool kOverlap_, bool kPingPong_ = true>
 struct HopperTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
+  // Softmax of key tile n under the P V GEMM of tile n + 1 (S, P and O live together).
+  static constexpr bool kOverlap = kOverlap_;
+  // The two consumer warpgroups take turns issuing their GEMMs (named barriers 4 and 5).
+  static constexpr bool kPingPong = kPingPong_;
   static constexpr int kConsumers = 2;  // consumer warpgroups
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kProducerRegs = 40;
@@ -44,20 +48,21 @@ struct HopperTraits {
 
 // Tiles per head dim (key tile kBlockN, K/V ring depth): the largest key tile whose
 // accumulators fit 240 registers per consumer thread (S: kBlockN / 2, O: head_dim / 2 floats)
-// with a 2-deep K/V ring in shared memory.
+// with a 2-deep K/V ring in shared memory; d=256 without the softmax / P V overlap, whose extra
+// live registers (S beside P and O) spill there.
 template <int kHeadDim>
 struct HopperDefaultTraits;
 template <>
 struct HopperDefaultTraits<64> {
-  using type = HopperTraits<64, 128, 3>;
+  using type = HopperTraits<64, 128, 3, true>;
 };
 template <>
 struct HopperDefaultTraits<128> {
-  using type = HopperTraits<128, 128, 2>;
+  using type = HopperTraits<128, 128, 2, true>;
 };
 template <>
 struct HopperDefaultTraits<256> {
-  using type = HopperTraits<256, 64, 2>;
+  using type = HopperTraits<256, 64, 2, false>;
 };
 
 }  // namespace jax_flash::hopper
