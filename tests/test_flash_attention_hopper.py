@@ -21,7 +21,7 @@ from test_flash_attention import _dense_case, _varlen_case
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_lengths_off_the_tiles(platform, rng, d, causal, dtype):
-    _dense_case(platform, rng, 2, 200, 200, 6, 2, d, dtype, causal=causal)
+    _dense_case(platform, rng, 1, 200, 200, 6, 2, d, dtype, causal=causal)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -34,7 +34,7 @@ def test_unequal_lengths_across_tiles(platform, rng, sq, skv, causal):
 
 
 @pytest.mark.parametrize("window", [(100, 0), (150, 20), (0, 130), (1, 1)], ids=str)
-@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("d", [64, 256])
 def test_windows_crossing_tiles(platform, rng, window, d):
     _dense_case(platform, rng, 1, 333, 333, 4, 2, d, "bfloat16", sliding_window=window)
 
