@@ -85,6 +85,14 @@ def test_prefill_grid():
         for hkv in (8, 32):
             assert f"bf16 B1 S16k H32/{hkv} D{d} causal" in labels
     assert "bf16 B4 S4k H32/8 D128 causal" in labels and "bf16 B4 S4k H32/8 D128 full" in labels
+    peers = {s.label() for s in prefill.grid_shapes("peers", "gpu", ("bfloat16", "float16"))}
+    for dt in ("bf16", "fp16"):
+        for shape in ("B16 S1k", "B4 S4k", "B2 S8k"):
+            assert (
+                f"{dt} {shape} H32/8 D128 causal" in peers
+                and f"{dt} {shape} H32/8 D128 full" in peers
+            )
+        assert f"{dt} B4 S4k H32/8 D64 causal" in peers and f"{dt} B4 S4k H32/8 D256 full" in peers
 
 
 def test_kv_bytes_count_scales():

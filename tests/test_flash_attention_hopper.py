@@ -9,12 +9,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_flash_attention import _dense_case, _varlen_case
 
 import jax_flash
 from jax_flash import reference
 
-from _util import DTYPES, randn, rel_err, tolerance
-from test_flash_attention import _dense_case, _varlen_case
+from _util import randn, rel_err, tolerance
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -40,9 +40,7 @@ def test_windows_crossing_tiles(platform, rng, window, d):
 
 
 def test_soft_cap_across_tiles(platform, rng):
-    _dense_case(
-        platform, rng, 1, 259, 259, 4, 2, 128, "float16", causal=True, logits_soft_cap=5.0
-    )
+    _dense_case(platform, rng, 1, 259, 259, 4, 2, 128, "float16", causal=True, logits_soft_cap=5.0)
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])

@@ -1,6 +1,7 @@
 """The implementations each benchmark compares jax_flash with, on this platform: on GPU cuDNN,
-XLA, JAX Pallas, the FlashAttention-3 binding and tokamax (when installed) and the jnp reference; on CPU XLA and the jnp reference. A peer that cannot run
-a shape is given as a string saying why. A backward grid would add its peers here."""
+XLA, JAX Pallas, the FlashAttention-3 binding and tokamax (when installed) and the jnp
+reference; on CPU XLA and the jnp reference. A peer that cannot run a shape is given as a string
+saying why. A backward grid would add its peers here."""
 
 from __future__ import annotations
 
