@@ -49,6 +49,7 @@ endforeach()
 
 # Prefill on Hopper (wgmma + TMA; code only in the sm_90a pass): one file per 16-bit dtype with
 # every head dim, which compile in seconds.
+string(REPLACE ";" ", " _jf_head_dims_text "${_jf_head_dims}")
 foreach(tag f16 bf16)
   set(_jf_hopper_args "")
   foreach(d IN LISTS _jf_head_dims)
@@ -56,7 +57,7 @@ foreach(tag f16 bf16)
   endforeach()
   jax_flash_instantiate(flash_attention_hopper_${tag}
     HEADER jax_flash/hopper/flash_fwd_launch.cuh FUNCTION run_flash_attention_hopper
-    PARAMS FlashParams WHAT "${_jf_type_${tag}}, head dims ${_jf_head_dims}"
+    PARAMS FlashParams WHAT "${_jf_type_${tag}}, head dims ${_jf_head_dims_text}"
     ARGS ${_jf_hopper_args})
 endforeach()
 
