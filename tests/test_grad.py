@@ -401,20 +401,25 @@ def _loss(attention, do, dlse):
 
 
 @multi
-def test_multi_device_batch_sharded_mesh(rng):
-    # The backward primitive partitions like the forward: on a batch-sharded mesh each device
-    # differentiates its own sequences, with no collective, bit-identical to one device.
-    mesh = jax.make_mesh((N,), ("data",), axis_types=(AxisType.Auto,))
+@pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit])
+def test_multi_device_sharded_mesh(rng, axis_type):
+    # The backward primitive partitions like the forward: on a mesh splitting batch and heads
+    # each device differentiates its own sequences and KV-head groups, with no collective,
+    # bit-identical to one device; the gradients keep the inputs' sharding.
+    mesh = jax.make_mesh((2, 2), ("data", "model"), axis_types=(axis_type,) * 2)
     q, k, v, do, dlse = _multi_inputs(rng)
     attn = functools.partial(jax_flash.flash_attention, causal=True, return_lse=True)
     f = jax.jit(jax.grad(_loss(attn, do, dlse), (0, 1, 2)))
-    sharded = [jax.device_put(x, NamedSharding(mesh, P("data"))) for x in (q, k, v)]
-    got = f(*sharded)
     one = f(*(jax.device_put(x, jax.devices()[0]) for x in (q, k, v)))
+    spec = P("data", None, "model")
+    sharded = [jax.device_put(x, NamedSharding(mesh, spec)) for x in (q, k, v)]
+    with jax.set_mesh(mesh):
+        got = f(*sharded)
+        compiled = f.lower(*sharded).compile().as_text()
     for n, a, b in zip(NAMES, got, one, strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=n)
-        assert a.sharding.spec[0] == "data", (n, a.sharding)
-    assert not COLLECTIVE.findall(f.lower(*sharded).compile().as_text())
+        assert tuple(a.sharding.spec)[:3] == tuple(spec), (n, a.sharding)
+    assert not COLLECTIVE.findall(compiled)
 
 
 @multi
