@@ -289,8 +289,9 @@ def test_remat_and_jit(platform, rng):
 
 @pytest.mark.parametrize("deterministic", [True, False])
 def test_deterministic_bit_identical(platform, rng, deterministic):
-    # GQA over packed sequences in bfloat16: two calls give the same bits (on the CPU both
-    # modes are deterministic; on CUDA the default accumulates dq with atomics).
+    # GQA over packed sequences in bfloat16: two calls give the same bits with
+    # deterministic=True, and on the CPU in both modes (on CUDA the default accumulates dq with
+    # atomics).
     cu = jnp.array([0, 150, 151, 300], jnp.int32)
     q = randn(rng, (300, 8, 64), jnp.bfloat16)
     k = randn(rng, (300, 2, 64), jnp.bfloat16)
@@ -307,10 +308,14 @@ def test_deterministic_bit_identical(platform, rng, deterministic):
     args = platform.put(q, k, v, do, cu)
     first = jax.jit(f)(*args)
     second = jax.jit(f)(*args)
+    bit_identical = deterministic or platform.name == "cpu"
     for n, a, b in zip(NAMES, first, second, strict=True):
         a, b = np.asarray(a), np.asarray(b)
         assert np.all(np.isfinite(a.astype(np.float32))), n
-        np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), err_msg=n)
+        if bit_identical:
+            np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), err_msg=n)
+        else:  # float32 atomics: the order of dq's sums may differ
+            assert rel_err(a, b) <= tolerance(jnp.bfloat16, 0.0), n
     if deterministic:  # and they are right
         ref_fn = functools.partial(reference.attention_varlen, causal=True)
         ref = jax.jit(lambda q, k, v, do: _vjp(lambda *a: ref_fn(*a, cu, cu), (q, k, v), do))(
