@@ -46,13 +46,13 @@ flash_attention_bwd_p.def_abstract_eval(_abstract_eval)
 
 
 def _ffi_attrs(config: FlashConfig) -> dict:
-    return {**forward.ffi_attrs(config), "deterministic": np.int32(config.deterministic)}
+    return {**forward._ffi_attrs(config), "deterministic": np.int32(config.deterministic)}
 
 
 def _check_cuda(ctx, config):
     if not _native.has_cuda_target(CUDA_TARGET):
         return "this build of jax_flash has no CUDA backward kernel"
-    return forward.check_cuda(ctx, config)
+    return forward._check_cuda(ctx, config)
 
 
 def _reference(q, k, v, o, lse, do, dlse, q_starts, q_ends, k_starts, k_ends, *, config):
