@@ -121,7 +121,8 @@ def _batch(args, dims, *, config):
     # Every mapped axis is folded into the packed rows, as the forward does in general: instance
     # n's rows follow instance n-1's. (The forward's fold into query heads when only q is mapped
     # does not carry over: dk/dv would come out summed over the instances, but a batched result
-    # needs each instance's own.)
+    # needs each instance's own; k and v are then broadcast to every instance, the size of the
+    # per-instance dk/dv the result holds anyway.)
     size = next(x.shape[d] for x, d in zip(args, dims, strict=True) if d is not NOT_MAPPED)
     first = [batch_first(x, d, size) for x, d in zip(args, dims, strict=True)]
     q, k, v, o, lse, do, dlse, qs, qe, ks, ke = first
