@@ -361,6 +361,9 @@ def test_deterministic_must_be_a_bool():
     with pytest.raises(TypeError, match="deterministic must be a bool"):
         cu = jnp.array([0, 4], jnp.int32)
         jax_flash.flash_attention_varlen(q[0], q[0], q[0], cu, cu, deterministic="yes")
+    mesh = jax.make_mesh((1,), ("seq",), axis_types=(AxisType.Auto,))
+    with pytest.raises(TypeError, match="context_parallel_attention: deterministic must be"):
+        jax_flash.context_parallel_attention(q, q, q, mesh=mesh, seq_axis="seq", deterministic=0)
 
 
 # --- 4 devices ---------------------------------------------------------------------------------
@@ -444,17 +447,19 @@ def test_multi_device_shard_map(rng):
 
 @multi
 @pytest.mark.parametrize(
-    "strategy,causal,window", [("ring", True, None), ("allgather", False, (9, 3))]
+    "strategy,causal,window,deterministic",
+    [("ring", True, None, False), ("allgather", False, (9, 3), True)],
 )
-def test_multi_device_context_parallel(rng, strategy, causal, window):
+def test_multi_device_context_parallel(rng, strategy, causal, window, deterministic):
     # Gradients flow through context parallelism: the lse merge, ppermute / all_gather and the
     # per-device switch all differentiate, with the kernels' VJP (lse cotangent included).
     mesh = jax.make_mesh((N,), ("seq",), axis_types=(AxisType.Auto,))
     q, k, v, do, dlse = _multi_inputs(rng, B=2)
     opts = dict(causal=causal, sliding_window=window, return_lse=True)
     attn = functools.partial(
-        jax_flash.context_parallel_attention, mesh=mesh, seq_axis="seq", strategy=strategy, **opts
-    )
+        jax_flash.context_parallel_attention, mesh=mesh, seq_axis="seq", strategy=strategy,
+        deterministic=deterministic, **opts,
+    )  # fmt: skip
     sharded = [jax.device_put(x, NamedSharding(mesh, P(None, "seq"))) for x in (q, k, v)]
     got = jax.jit(jax.grad(_loss(attn, do, dlse), (0, 1, 2)))(*sharded)
     ref_attn = functools.partial(reference.attention, **opts)
