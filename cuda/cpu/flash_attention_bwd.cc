@@ -142,8 +142,10 @@ JF_INLINE void load_rows(const FlashBwdParams& bp, const SeqExtent& e, const flo
     const int64_t r = static_cast<int64_t>(e.q_start) + i0 + i;
     const T* qs = q + r * p.q_row_stride + static_cast<int64_t>(h) * d.D;
     const T* ds = dout + r * bp.dout_row_stride + static_cast<int64_t>(h) * d.Dv;
-    for (int x = 0; x < d.D; ++x) s.qt[static_cast<int64_t>(x) * RC + i] = Elem<DT>::load(qs[x]) * scale;
-    for (int x = 0; x < d.Dv; ++x) s.dot[static_cast<int64_t>(x) * RC + i] = Elem<DT>::load(ds[x]);
+    for (int x = 0; x < d.D; ++x)
+      s.qt[static_cast<int64_t>(x) * RC + i] = Elem<DT>::load(qs[x]) * scale;
+    for (int x = 0; x < d.Dv; ++x)
+      s.dot[static_cast<int64_t>(x) * RC + i] = Elem<DT>::load(ds[x]);
     if (row_major) {
       float* qd = s.qr + static_cast<int64_t>(i) * d.Dp;
       float* dd = s.dor + static_cast<int64_t>(i) * d.Dvp;
@@ -397,7 +399,8 @@ void prepare(const FlashBwdParams& bp, float* delta) {
         }
       T* dq = static_cast<T*>(bp.dq);
       const int64_t width = H * p.head_dim;
-      for (int64_t r = r0; r < r1; ++r) std::fill(dq + r * bp.dq_row_stride, dq + r * bp.dq_row_stride + width, zero);
+      for (int64_t r = r0; r < r1; ++r)
+        std::fill(dq + r * bp.dq_row_stride, dq + r * bp.dq_row_stride + width, zero);
     } else {
       const int64_t r0 = (c - q_chunks) * kRows, r1 = std::min<int64_t>(r0 + kRows, p.total_k);
       T* dk = static_cast<T*>(bp.dk);
