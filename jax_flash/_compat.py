@@ -8,7 +8,7 @@ from jax import ffi
 from jax._src import dispatch, sharding_impls
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
-from jax.interpreters import batching, mlir
+from jax.interpreters import ad, batching, mlir
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 ShapedArray = jax.core.ShapedArray
@@ -65,6 +65,7 @@ __all__ = [
     "PartitionSpec",
     "Primitive",
     "ShapedArray",
+    "ad",
     "batching",
     "custom_partitioning",
     "explicit_axes",
