@@ -128,10 +128,10 @@ class ProgressBar:
 
 def build_parser():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=150, help="optimizer steps")
+    parser.add_argument("--steps", type=int, default=200, help="optimizer steps")
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny", help="model size")
     parser.add_argument(
-        "--batch-tokens", type=int, default=2048, help="token rows per step (packed or padded)"
+        "--batch-tokens", type=int, default=1024, help="token rows per step (packed or padded)"
     )
     parser.add_argument(
         "--seq-len", type=int, default=256, help="longest sequence; longer paragraphs are cut"
