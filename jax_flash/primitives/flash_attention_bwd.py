@@ -116,12 +116,6 @@ register_lowerings(
     partitioning=Partitioning(_rule, _per_shard),
 )  # fmt: skip
 
-# TEMPORARY, until the CPU backward kernel lands on this branch: the CPU platform runs the
-# reference lowering (jax.vjp of reference.attention_packed) instead of the FFI target.
-from jax._src.interpreters import mlir as _mlir_internal  # noqa: E402
-
-_mlir_internal._platform_specific_lowerings["cpu"].pop(flash_attention_bwd_p)
-
 
 def _batch(args, dims, *, config):
     # Every mapped axis is folded into the packed rows, as the forward does in general: instance
