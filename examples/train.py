@@ -1,6 +1,6 @@
 """Train a small Llama-style model with optax, attention forward and backward on jax_flash.
 
-    python examples/train.py                          # about a minute on a laptop CPU
+    python examples/train.py                          # about 30 s on 2 CPU cores
     python examples/train.py --size small --steps 1000   # a larger model, e.g. on a GPU
 
 The text is the project's own: its README, docs and Python sources, read as bytes (a vocabulary
@@ -36,7 +36,7 @@ from jax_flash.models import (
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Byte-level models (vocabulary 256) with GQA; "tiny" trains in about a minute on 2 CPU cores.
+# Byte-level models (vocabulary 256) with GQA; "tiny" trains in about 30 s on 2 CPU cores.
 SIZES = {
     "tiny": LlamaConfig(
         vocab_size=256,
@@ -128,7 +128,7 @@ class ProgressBar:
 
 def build_parser():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=200, help="optimizer steps")
+    parser.add_argument("--steps", type=int, default=500, help="optimizer steps")
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny", help="model size")
     parser.add_argument(
         "--batch-tokens", type=int, default=1024, help="token rows per step (packed or padded)"
