@@ -270,7 +270,7 @@ def main(argv=None):
         model = nnx.merge(graphdef, params)
         prompt = list(b"def ")
         out = generate(model, [prompt], args.sample, page_size=16)
-        shown = bytes(prompt + [t for t in out.tokens[0] if t < 256]).decode("utf-8", "replace")
+        shown = bytes(prompt + out.tokens[0]).decode("utf-8", "replace")
         print(f"greedy sample: {shown!r}")
     return before, after, losses
 

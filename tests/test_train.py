@@ -10,6 +10,7 @@ Llama 3 and linear RoPE scaling, biases, tied embeddings) is in one of the confi
 import importlib.util
 import math
 import pathlib
+import re
 
 import jax
 import jax.numpy as jnp
@@ -233,11 +234,33 @@ def test_call_errors():
         next_token_loss(jnp.zeros((2, 5, 7)), tokens[:, :4])
 
 
-def test_train_example_loss_falls():
-    spec = importlib.util.spec_from_file_location("train_example", ROOT / "examples/train.py")
-    example = importlib.util.module_from_spec(spec)
+@pytest.fixture(scope="module")
+def train_example():
     pytest.importorskip("optax")
-    spec.loader.exec_module(example)
+    spec = importlib.util.spec_from_file_location("train_example", ROOT / "examples/train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--steps", "0"], r"--steps must be >= 1"),
+        (["--seq-len", "4096"], r"--seq-len must not exceed --batch-tokens"),
+        (["--layout", "ragged"], r"--layout: invalid choice"),
+    ],
+)
+def test_train_example_argument_errors(train_example, capsys, argv, match):
+    with pytest.raises(SystemExit) as exit_info:
+        train_example.parse_args(argv)
+    assert exit_info.value.code == 2
+    assert re.search(match, capsys.readouterr().err)
+
+
+def test_train_example_loss_falls(train_example):
+    """A short run on the default device: the training loss and the held-out loss fall."""
+    example = train_example
     argv = ["--steps", "24", "--batch-tokens", "512", "--seq-len", "64", "--log-every", "6"]
     before, after, losses = example.main([*argv, "--sample", "8"])
     assert len(losses) == 4 and all(np.isfinite(losses))
