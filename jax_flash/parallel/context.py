@@ -14,9 +14,10 @@ Which calls a device makes is static (`_tiles.plan`): positions follow from the 
 device index, and where plans differ between devices one `lax.switch` on the device index picks
 the device's own. Causal masks are load-balanced by the zigzag layout (`zigzag`).
 
-Gradients: nothing here blocks reverse mode. The merge is plain jnp, ppermute/all_gather and
-switch have transpose rules, so once `flash_attention` has a VJP (including the cotangent of
-its lse output, which the merge uses) these functions differentiate without change.
+Gradients: reverse mode works through every strategy and layout. The merge is plain jnp,
+ppermute/all_gather and switch have transpose rules, and `flash_attention` has a VJP that takes
+the cotangent of its lse output (which the merge uses); tests/test_grad.py checks the gradients
+against the reference on host devices.
 """
 
 from __future__ import annotations
@@ -459,9 +460,8 @@ def context_parallel_attention(
 
     Notes
     -----
-    Forward only for now, as `jax_flash.flash_attention`: the merge, the collectives and the
-    switch all differentiate, so a VJP of the kernel (with its lse output) is all the backward
-    pass will need.
+    Differentiable in q, k and v (and through ``lse``): the merge, the collectives and the
+    switch differentiate, with the VJP of `jax_flash.flash_attention` on each device.
 
     Examples
     --------
