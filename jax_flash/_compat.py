@@ -9,7 +9,7 @@ from jax._src import core as jax_core
 from jax._src import dispatch, sharding_impls
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
-from jax.interpreters import batching, mlir
+from jax.interpreters import ad, batching, mlir
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 ShapedArray = jax.core.ShapedArray
@@ -82,6 +82,7 @@ __all__ = [
     "PartitionSpec",
     "Primitive",
     "ShapedArray",
+    "ad",
     "batching",
     "custom_partitioning",
     "explicit_axes",

@@ -16,6 +16,11 @@ arrays, so a jitted decode step or loop takes it as a donated argument and updat
 `TensorParallel` says how a layer's activations and the cache lie on a mesh for tensor
 parallelism (heads split over the mesh's tensor axis); `Attention` pins its q/k/v, attention
 output and cache pages to that layout when it has one.
+
+`NoCache` and `PackedNoCache` run whole sequences with no cache at all (training, scoring):
+causal attention through :func:`jax_flash.flash_attention` (``[B, S]`` rows) or
+:func:`jax_flash.flash_attention_varlen` (packed sequences); every op on that path is
+differentiable.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .ops.flash_attention import flash_attention_varlen
+from .ops.flash_attention import flash_attention, flash_attention_varlen
 from .ops.kv_cache import append_kv, slot_mapping
 from .ops.paged_attention import paged_attention
 from .ops.rope import apply_rope
@@ -199,6 +204,36 @@ class PageAllocator:
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
+class NoCache:
+    """Whole sequences ``[B, S]``, each from position 0, attended causally with
+    :func:`jax_flash.flash_attention` and no cache (training, scoring).
+
+    Attributes
+    ----------
+    lengths : int32 ``[B]`` or None: valid tokens per row (right padding; rows at or past
+        ``lengths[b]`` give zeros). None: every row is full.
+    """
+
+    lengths: jax.Array | None = None
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PackedNoCache:
+    """Packed sequences ``[T]``, each from position 0, attended causally with
+    :func:`jax_flash.flash_attention_varlen` and no cache (training, scoring).
+
+    Attributes
+    ----------
+    cu_seqlens : int32 ``[B + 1]``: sequence ``b`` owns packed rows ``cu[b]:cu[b+1]``; rows
+        past ``cu[B]`` are padding (zeros).
+    """
+
+    cu_seqlens: jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
 class Prefill:
     """Packed prompts written into an empty paged cache and attended with
     :func:`jax_flash.flash_attention_varlen`.
@@ -360,15 +395,16 @@ class Attention(nnx.Module):
 
         Parameters
         ----------
-        x : ``[T, hidden]`` packed rows (`Prefill`), ``[B, hidden]`` or ``[B, S, hidden]``
-            (`Decode`, `Dense`).
+        x : ``[T, hidden]`` packed rows (`Prefill`, `PackedNoCache`), ``[B, hidden]`` or
+            ``[B, S, hidden]`` (`Decode`, `Dense`, `NoCache`).
         positions : int32 like ``x`` without the last axis: each token's position (RoPE).
-        kv : ``(k_pages, v_pages)`` of this layer (``[B, S_max, Hkv, D]`` caches for `Dense`).
-        batch : `Prefill`, `Decode` or `Dense`.
+        kv : ``(k_pages, v_pages)`` of this layer (``[B, S_max, Hkv, D]`` caches for `Dense`;
+            None for `NoCache` / `PackedNoCache`).
+        batch : `Prefill`, `Decode`, `Dense`, `NoCache` or `PackedNoCache`.
 
         Returns
         -------
-        ``(y like x, (k_pages, v_pages))``.
+        ``(y like x, (k_pages, v_pages))`` (None for the cache-free batches).
         """
         lead = x.shape[:-1]
         q = self.q_proj(x).reshape(*lead, self.num_heads, self.head_dim)
@@ -405,6 +441,8 @@ class Attention(nnx.Module):
             return self._out(o, lead), (k_pages, v_pages)
         # Prefill attends to the rotated k itself (not through the cache): rotate, then append.
         q, k = self._rope(q, positions), self._rope(k, positions)
+        if isinstance(batch, (NoCache, PackedNoCache)):
+            return self._out(self._attend_no_cache(q, k, v, batch), lead), None
         if isinstance(batch, Dense):
             o, kv = self._dense(q, k, v, kv, batch)
         else:
@@ -440,6 +478,20 @@ class Attention(nnx.Module):
         y = self.o_proj(o.reshape(*lead, self.num_heads * self.head_dim)).astype(o.dtype)
         return y if self.parallel is None else self.parallel.constrain(y)
 
+    def _attend_no_cache(self, q, k, v, batch):
+        """Causal attention of whole sequences among themselves (no cache read or written)."""
+        options = dict(
+            causal=True,
+            softmax_scale=self.softmax_scale,
+            sliding_window=self._window(),
+            implementation=self.attention_impl,
+        )
+        if isinstance(batch, PackedNoCache):
+            cu = batch.cu_seqlens
+            return flash_attention_varlen(q, k, v, cu, cu, **options)
+        lens = batch.lengths
+        return flash_attention(q, k, v, q_seqlens=lens, kv_seqlens=lens, **options)
+
     def _dense(self, q, k, v, kv, batch: Dense):
         k_cache, v_cache = kv
         if q.ndim == 3:  # one token per row
@@ -473,16 +525,25 @@ class Attention(nnx.Module):
         return o, (k_cache, v_cache)
 
 
+def packed_positions(cu_seqlens, num_tokens: int):
+    """Of ``num_tokens`` packed rows (sequence ``b`` at ``cu_seqlens[b]:cu_seqlens[b+1]``): each
+    row's sequence ``[T]``, its position in that sequence ``[T]``, and whether it belongs to a
+    sequence ``[T]`` (rows before ``cu[0]`` or past ``cu[B]`` do not)."""
+    cu = jnp.asarray(cu_seqlens, jnp.int32)
+    B = cu.shape[0] - 1
+    t = jnp.arange(num_tokens, dtype=jnp.int32)
+    seq = jnp.clip(jnp.searchsorted(cu[1:], t, side="right"), 0, B - 1)
+    valid = (t >= cu[0]) & (t < cu[B])
+    return seq, t - cu[seq], valid
+
+
 def prefill_batch(cache: KVCache, cu_seqlens, num_tokens: int, rows=None):
     """Positions ``[T]`` and the `Prefill` batch of packed prompts written to cache rows ``rows``
     (default ``0..B-1``), each from position 0. Rows past ``cu_seqlens[B]`` are padding."""
     cu = jnp.asarray(cu_seqlens, jnp.int32)
     B = cu.shape[0] - 1
     rows = jnp.arange(B, dtype=jnp.int32) if rows is None else jnp.asarray(rows, jnp.int32)
-    t = jnp.arange(num_tokens, dtype=jnp.int32)
-    seq = jnp.clip(jnp.searchsorted(cu[1:], t, side="right"), 0, B - 1)
-    positions = t - cu[seq]
-    valid = (t >= cu[0]) & (t < cu[B])
+    seq, positions, valid = packed_positions(cu, num_tokens)
     slots = slot_mapping(cache.block_tables[rows[seq]], positions, cache.page_size, valid)
     return jnp.where(valid, positions, 0), Prefill(cu, slots)
 
