@@ -123,7 +123,8 @@ class Scheduler:
             if not all(pool.is_written(p) for p in shared):
                 continue  # an earlier request is prefilling this prefix: wait, don't repeat it
             need = -(-r.num_tokens // P) - len(shared)
-            if need > pool.num_available:
+            revived = sum(pool.refs(p) == 0 for p in shared)  # cached now, used once shared
+            if need > pool.num_available - revived:
                 break
             pool.share(shared)
             r.pages = shared + pool.allocate(need)
