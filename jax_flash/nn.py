@@ -6,10 +6,10 @@ cache in place and attends: packed prompts (`Prefill`) through
 :func:`jax_flash.paged_attention`. Decode steps rotate q and k inside the cache write
 (:func:`jax_flash.append_kv` with ``positions``/``rope``/``q``: one kernel, the same bits as
 apply_rope then append_kv); prefill needs the rotated keys for its own attention, so it rotates
-with :func:`jax_flash.apply_rope` and then appends. `Mixed` packs a serving step's decode tokens and prompt chunks on one token axis
-(:mod:`jax_flash.serve`). `Dense` runs the same layer over a dense
-``[B, S_max, Hkv, D]`` cache with :func:`jax.nn.dot_product_attention`, the baseline the
-end-to-end benchmark compares against.
+with :func:`jax_flash.apply_rope` and then appends. `Mixed` packs a serving step's decode
+tokens and prompt chunks on one token axis (:mod:`jax_flash.serve`). `Dense` runs the same
+layer over a dense ``[B, S_max, Hkv, D]`` cache with :func:`jax.nn.dot_product_attention`, the
+baseline the end-to-end benchmark compares against.
 
 The cache state (`KVCache`: pages of every layer, block tables, lengths) is a pytree of device
 arrays, so a jitted decode step or loop takes it as a donated argument and updates it in place.

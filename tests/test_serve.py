@@ -44,10 +44,17 @@ def reference(model, prompt, max_new, sampling=None, stop=()):
     if key not in _REFERENCE:
         kw = dict(greedy=True)
         if not s.greedy:
-            kw = dict(greedy=False, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                      min_p=s.min_p, seed=s.seed)  # fmt: skip
-        out = generate(model, [prompt], max_new, eos_token_id=list(stop) or None, page_size=PAGE,
-                       **kw)  # fmt: skip
+            kw = dict(
+                greedy=False,
+                temperature=s.temperature,
+                top_k=s.top_k,
+                top_p=s.top_p,
+                min_p=s.min_p,
+                seed=s.seed,
+            )
+        out = generate(
+            model, [prompt], max_new, eos_token_id=list(stop) or None, page_size=PAGE, **kw
+        )
         _REFERENCE[key] = out.tokens[0]
     return _REFERENCE[key]
 
@@ -75,8 +82,13 @@ def drive(engine, arrivals):
 
 def check_against_generate(model, results):
     for rid, (spec, tokens) in results.items():
-        ref = reference(model, spec["prompt_tokens"], spec["max_new_tokens"],
-                        spec.get("sampling"), spec.get("stop_tokens", ()))  # fmt: skip
+        ref = reference(
+            model,
+            spec["prompt_tokens"],
+            spec["max_new_tokens"],
+            spec.get("sampling"),
+            spec.get("stop_tokens", ()),
+        )
         assert tokens == ref, f"request {rid}: {tokens} != generate's {ref}"
 
 
@@ -96,12 +108,18 @@ def test_staggered_arrivals_match_generate(model):
         [dict(prompt_tokens=ps[4], max_new_tokens=12, stop_tokens=[stop_at])],
         [],
         [],
-        [dict(prompt_tokens=ps[5], max_new_tokens=7, sampling=SamplingParams(temperature=1.3,
-                                                                             seed=3))],
+        [
+            dict(
+                prompt_tokens=ps[5],
+                max_new_tokens=7,
+                sampling=SamplingParams(temperature=1.3, seed=3),
+            )
+        ],
         [dict(prompt_tokens=ps[6], max_new_tokens=1)],
-    ]  # fmt: skip
-    engine = Engine(model, num_pages=48, page_size=PAGE, max_batch=4, max_prefill_rows=2,
-                    prefill_chunk=8)  # fmt: skip
+    ]
+    engine = Engine(
+        model, num_pages=48, page_size=PAGE, max_batch=4, max_prefill_rows=2, prefill_chunk=8
+    )
     results = drive(engine, arrivals)
     check_against_generate(model, results)
     stopped = next(r for r, (s, _) in results.items() if s.get("stop_tokens"))
@@ -114,11 +132,16 @@ def test_preemption_recomputes_and_matches(model):
     (pages freed, recomputed on readmission) and every request's tokens still match."""
     rng = np.random.default_rng(1)
     ps = prompts(rng, (11, 6, 14, 3))
-    arrivals = [[dict(prompt_tokens=p, max_new_tokens=m, sampling=s)
-                 for p, m, s in zip(ps, (20, 18, 9, 22), (None, SAMPLED, None, None))]]  # fmt: skip
+    arrivals = [
+        [
+            dict(prompt_tokens=p, max_new_tokens=m, sampling=s)
+            for p, m, s in zip(ps, (20, 18, 9, 22), (None, SAMPLED, None, None), strict=True)
+        ]
+    ]
     # 13 pages of 4 tokens: each request alone fits (at most 9 pages), all four do not.
-    engine = Engine(model, num_pages=14, page_size=PAGE, max_batch=4, max_prefill_rows=2,
-                    prefill_chunk=8)  # fmt: skip
+    engine = Engine(
+        model, num_pages=14, page_size=PAGE, max_batch=4, max_prefill_rows=2, prefill_chunk=8
+    )
     results = drive(engine, arrivals)
     assert engine.stats.preemptions > 0
     assert any(engine.request(r).num_preemptions for r in results)
@@ -138,8 +161,9 @@ def test_prefix_is_prefilled_once(model):
         [],
         [dict(prompt_tokens=ps[2], max_new_tokens=3), dict(prompt_tokens=ps[3], max_new_tokens=5)],
     ]
-    engine = Engine(model, num_pages=48, page_size=PAGE, max_batch=4, max_prefill_rows=2,
-                    prefill_chunk=6)  # fmt: skip
+    engine = Engine(
+        model, num_pages=48, page_size=PAGE, max_batch=4, max_prefill_rows=2, prefill_chunk=6
+    )
     results = drive(engine, arrivals)
     check_against_generate(model, results)
     stats = engine.stats
@@ -153,8 +177,9 @@ def test_prefix_is_prefilled_once(model):
 
 def test_warm_steps_do_not_recompile(model):
     rng = np.random.default_rng(3)
-    engine = Engine(model, num_pages=48, page_size=PAGE, max_batch=2, max_prefill_rows=1,
-                    prefill_chunk=8)  # fmt: skip
+    engine = Engine(
+        model, num_pages=48, page_size=PAGE, max_batch=2, max_prefill_rows=1, prefill_chunk=8
+    )
     trace = [[dict(prompt_tokens=p, max_new_tokens=4)] for p in prompts(rng, (9, 3, 12))]
     drive(engine, trace)
     compiled = _device_step._cache_size()
@@ -225,8 +250,11 @@ def test_bad_requests(model):
 
 def test_sampling_seed_is_jax_key(model):
     """The engine draws with jax.random.key(seed) folded with the token index, as generate."""
-    spec = dict(prompt_tokens=[3, 1, 4, 1, 5], max_new_tokens=6,
-                sampling=SamplingParams(temperature=1.0, seed=2**31 - 1))  # fmt: skip
+    spec = dict(
+        prompt_tokens=[3, 1, 4, 1, 5],
+        max_new_tokens=6,
+        sampling=SamplingParams(temperature=1.0, seed=2**31 - 1),
+    )
     engine = Engine(model, num_pages=16, page_size=PAGE, max_batch=1, prefill_chunk=8)
     check_against_generate(model, drive(engine, [[spec]]))
     assert jax.random.key_data(jax.random.key(2**31 - 1)).tolist()[1] == 2**31 - 1

@@ -244,7 +244,9 @@ class Engine:
         if not prompt:
             raise ValueError("Engine.add_request: prompt_tokens must hold at least one token")
         if any(t < 0 or t >= self.vocab_size for t in prompt):
-            raise ValueError(f"Engine.add_request: prompt_tokens must lie in [0, {self.vocab_size})")
+            raise ValueError(
+                f"Engine.add_request: prompt_tokens must lie in [0, {self.vocab_size})"
+            )
         if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
             raise ValueError(
                 f"Engine.add_request: max_new_tokens must be an int >= 1, got {max_new_tokens!r}"
@@ -256,7 +258,9 @@ class Engine:
             )
         sampling = SamplingParams() if sampling is None else sampling
         if not isinstance(sampling, SamplingParams):
-            raise TypeError(f"Engine.add_request: sampling must be SamplingParams, got {sampling!r}")
+            raise TypeError(
+                f"Engine.add_request: sampling must be SamplingParams, got {sampling!r}"
+            )
         request = Request(
             id=self._next_id,
             prompt=prompt,
