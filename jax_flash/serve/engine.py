@@ -159,6 +159,9 @@ class Engine:
     max_prefill_rows, prefill_chunk : prompt chunks per step, and tokens per chunk.
     max_seq_len : the longest prompt + output (default the model's
         ``max_position_embeddings``, at most what the pool holds).
+    decode_buckets : decode-row counts a step is padded to (default powers of two up to
+        ``max_batch``; ``max_batch`` is always one). Fewer buckets, fewer compilations: padded
+        decode rows cost little where a step reads the weights anyway.
 
     ``step()`` returns the tokens of the step dispatched by the previous call (see the module
     docstring), so a request's first token shows one call after the step that drew it.
@@ -187,6 +190,7 @@ class Engine:
         max_prefill_rows: int = 1,
         prefill_chunk: int = 64,
         max_seq_len: int | None = None,
+        decode_buckets: Sequence[int] | None = None,
     ):
         for name, v in (
             ("num_pages", num_pages),
@@ -217,6 +221,15 @@ class Engine:
             prefill_chunk=int(prefill_chunk),
         )
         self._decode_buckets = _buckets(int(max_batch))
+        if decode_buckets is not None:
+            if not all(
+                isinstance(b, (int, np.integer)) and 0 < b <= max_batch for b in decode_buckets
+            ):
+                raise ValueError(
+                    f"Engine: decode_buckets must be ints in [1, max_batch={max_batch}], got "
+                    f"{decode_buckets!r}"
+                )
+            self._decode_buckets = sorted({0, int(max_batch), *map(int, decode_buckets)})
         self._chunk_buckets = _buckets(int(max_prefill_rows))
         self._max_pages = -(-self.max_seq_len // P)
         self._out_rows = int(max_batch) + int(max_prefill_rows)
@@ -312,15 +325,44 @@ class Engine:
             self.step()
         return [self._requests[i].output for i in ids]
 
-    def _dispatch(self, plan: StepPlan) -> tuple[jax.Array, list[int]]:
-        P, M = self.page_size, self._max_pages
-        shape = _Shape(
-            _bucket(len(plan.decode), self._decode_buckets),
-            _bucket(len(plan.chunks), self._chunk_buckets),
+    def warmup(self) -> float:
+        """Compile the step of every bucket pair now (steps of padding rows only: nothing is
+        written); returns the seconds it took."""
+        t0 = time.perf_counter()
+        empty = StepPlan([], [], [])
+        for d in self._decode_buckets:
+            for c in self._chunk_buckets:
+                if d or c:
+                    out, self._kv = self._call(self._shape(d, c), empty)
+        jax.block_until_ready(self._kv)
+        return time.perf_counter() - t0
+
+    def _shape(self, num_decode: int, num_chunks: int) -> _Shape:
+        return _Shape(
+            _bucket(num_decode, self._decode_buckets),
+            _bucket(num_chunks, self._chunk_buckets),
             self.scheduler.prefill_chunk,
-            M,
+            self._max_pages,
             self._out_rows,
         )
+
+    def _call(self, shape: _Shape, plan: StepPlan):
+        ints, floats = self._pack(shape, plan)
+        return _device_step(
+            self._graphdef, shape, self._state, self._kv, self._previous, ints, floats
+        )
+
+    def _dispatch(self, plan: StepPlan) -> tuple[jax.Array, list[int]]:
+        shape = self._shape(len(plan.decode), len(plan.chunks))
+        out, self._kv = self._call(shape, plan)
+        self._previous = out
+        d = shape.num_decode
+        out_rows = list(range(len(plan.decode))) + [d + j for j in range(len(plan.chunks))]
+        return out, out_rows
+
+    def _pack(self, shape: _Shape, plan: StepPlan) -> tuple[np.ndarray, np.ndarray]:
+        """The step's int32 and float32 inputs (`_Shape.int_fields`, `_FLOAT_FIELDS`)."""
+        P, M = self.page_size, self._max_pages
         T, R, d, C = shape.tokens, shape.rows, shape.num_decode, shape.chunk
         tokens = np.zeros(T, np.int32)
         source = np.full(d, -1, np.int32)
@@ -352,19 +394,13 @@ class Engine:
             else:
                 tokens[i] = r.token(start)
         for j, (r, start, n) in enumerate(plan.chunks):
-            row = d + j
             places = d + j * C + C - n + np.arange(n)
             tokens[places] = [r.token(t) for t in range(start, start + n)]
-            place(row, r, places, start, n)
+            place(d + j, r, places, start, n)
         ints = np.concatenate(
             [tokens, source, positions, slots, tables.ravel(), kv_lens, top_k, seeds, index]
         )
-        out, self._kv = _device_step(
-            self._graphdef, shape, self._state, self._kv, self._previous, ints, floats.ravel()
-        )
-        self._previous = out
-        out_rows = list(range(len(plan.decode))) + [d + j for j in range(len(plan.chunks))]
-        return out, out_rows
+        return ints, floats.ravel()
 
     def _read(self, step) -> StepOutput:
         result = StepOutput({}, {})
