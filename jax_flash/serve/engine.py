@@ -118,9 +118,11 @@ def _draw(logits, f, impl):
     return jax.lax.cond(jnp.all(f["temperature"] <= 0), greedy, draw, logits)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
-def _device_step(graphdef, shape: _Shape, state, kv, previous, ints, floats):
-    model = nnx.merge(graphdef, state)
+@functools.partial(jax.jit, static_argnums=(0, 1, 2), donate_argnums=(4,))
+def _device_step(graphdef, state_def, shape: _Shape, params, kv, previous, ints, floats):
+    # The parameters come as a flat list (state_def: their tree), which jit flattens quicker
+    # than an nnx.State: the host dispatches a step per token.
+    model = nnx.merge(graphdef, jax.tree.unflatten(state_def, params))
     f = _unpack(shape, ints, floats)
     d = shape.num_decode
     tokens = f["tokens"]
@@ -233,7 +235,8 @@ class Engine:
         self._chunk_buckets = _buckets(int(max_prefill_rows))
         self._max_pages = -(-self.max_seq_len // P)
         self._out_rows = int(max_batch) + int(max_prefill_rows)
-        self._graphdef, self._state = nnx.split(model)
+        self._graphdef, state = nnx.split(model)
+        self._params, self._state_def = jax.tree.flatten(state)
         cache = model.init_cache(int(num_pages), P, np.zeros((1, 1), np.int32))
         self._kv = cache.layers()
         self._previous = jnp.full((self._out_rows,), -1, jnp.int32)
@@ -349,7 +352,14 @@ class Engine:
     def _call(self, shape: _Shape, plan: StepPlan):
         ints, floats = self._pack(shape, plan)
         return _device_step(
-            self._graphdef, shape, self._state, self._kv, self._previous, ints, floats
+            self._graphdef,
+            self._state_def,
+            shape,
+            self._params,
+            self._kv,
+            self._previous,
+            ints,
+            floats,
         )
 
     def _dispatch(self, plan: StepPlan) -> tuple[jax.Array, list[int]]:
