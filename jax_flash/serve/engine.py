@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 
 import jax
@@ -118,11 +119,33 @@ def _draw(logits, f, impl):
     return jax.lax.cond(jnp.all(f["temperature"] <= 0), greedy, draw, logits)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2), donate_argnums=(4,))
-def _device_step(graphdef, state_def, shape: _Shape, params, kv, previous, ints, floats):
-    # The parameters come as a flat list (state_def: their tree), which jit flattens quicker
-    # than an nnx.State: the host dispatches a step per token.
-    model = nnx.merge(graphdef, jax.tree.unflatten(state_def, params))
+class _Model:
+    """The model's graph definition and parameter tree as one static argument of the jitted
+    step, hashed by identity: an nnx GraphDef hashes its whole structure, milliseconds for a
+    16-layer model, which a step per token cannot pay. Interned (`_model_static`), so the
+    engines of one model share their compiled steps."""
+
+    __slots__ = ("graphdef", "state_def", "__weakref__")
+
+    def __init__(self, graphdef, state_def):
+        self.graphdef, self.state_def = graphdef, state_def
+
+
+_MODELS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def _model_static(graphdef, state_def) -> _Model:
+    key = (graphdef, state_def)
+    static = _MODELS.get(key)
+    if static is None:
+        static = _MODELS[key] = _Model(graphdef, state_def)
+    return static
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
+def _device_step(static: _Model, shape: _Shape, params, kv, previous, ints, floats):
+    # The parameters come as a flat list, which jit flattens quicker than an nnx.State.
+    model = nnx.merge(static.graphdef, jax.tree.unflatten(static.state_def, params))
     f = _unpack(shape, ints, floats)
     d = shape.num_decode
     tokens = f["tokens"]
@@ -235,8 +258,9 @@ class Engine:
         self._chunk_buckets = _buckets(int(max_prefill_rows))
         self._max_pages = -(-self.max_seq_len // P)
         self._out_rows = int(max_batch) + int(max_prefill_rows)
-        self._graphdef, state = nnx.split(model)
-        self._params, self._state_def = jax.tree.flatten(state)
+        graphdef, state = nnx.split(model)
+        self._params, state_def = jax.tree.flatten(state)
+        self._model_static = _model_static(graphdef, state_def)
         cache = model.init_cache(int(num_pages), P, np.zeros((1, 1), np.int32))
         self._kv = cache.layers()
         self._previous = jnp.full((self._out_rows,), -1, jnp.int32)
@@ -352,8 +376,7 @@ class Engine:
     def _call(self, shape: _Shape, plan: StepPlan):
         ints, floats = self._pack(shape, plan)
         return _device_step(
-            self._graphdef,
-            self._state_def,
+            self._model_static,
             shape,
             self._params,
             self._kv,
