@@ -22,14 +22,16 @@ the shared-prefix variant puts one ``--shared-prefix``-token prefix before every
 
 Decode (``--decode-context`` tokens of prompt, then ``--decode-tokens`` greedy tokens, one
 request): tokens/s from the engine's median TBT; the same compiled step replayed alone on the
-device (no host planning, same inputs); that step drawing with sampling (temperature 1)
-instead of argmax; and one read of every weight (a jitted sum over the parameters) with the
-bandwidth limit: weights + the request's KV read at the HBM read bandwidth (a sum over 1 GiB).
+device (no host planning, same inputs); that step drawing with the sampling kernel (temperature
+1, a variant compiled here) instead of argmax; one read of every weight (a jitted sum over the
+parameters); and the bandwidth limit: weights + the request's KV at the HBM read bandwidth (a
+sum over 1 GiB).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -217,6 +219,7 @@ def measure_decode(model, engine, args):
     shape, ints, floats = captured["shape"], captured["ints"], captured["floats"]
     R = shape.rows
     for label, temperature in (("greedy", 0.0), ("sampling", 1.0)):
+        shape = dataclasses.replace(shape, greedy=temperature == 0)
         f = floats.copy()
         f[:R] = temperature
         f = jnp.asarray(f)
@@ -354,7 +357,7 @@ def main():
     res = record["results"]
     # One engine for every phase (decode rows padded to 1 or max_batch: fewer compilations).
     engine = Engine(model, decode_buckets=[1], **engine_kw)
-    res["engine_compile_s"] = engine.warmup()
+    res["engine_compile_s"] = engine.warmup(sampling=False)
     print(f"engine compiled in {res['engine_compile_s']:.1f} s")
     if "decode" not in args.skip:
         res["decode_batch1"] = row = measure_decode(model, engine, args)

@@ -11,7 +11,8 @@ that row's token is dropped.
 Shapes are static: decode rows and chunk rows are padded to buckets (powers of two up to
 ``max_batch`` / ``max_prefill_rows``), chunks to ``prefill_chunk`` places, block tables to the
 pages of ``max_seq_len`` tokens, and every step's output to ``max_batch + max_prefill_rows``
-rows; so a run compiles at most one executable per (decode bucket, chunk bucket) pair.
+rows; so a run compiles at most two executables per (decode bucket, chunk bucket) pair: one
+for steps whose rows are all greedy (argmax) and one that samples.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class _Shape:
     chunk: int
     max_pages: int  # block-table columns
     out_rows: int  # rows of every step's output (the next step reads it by row)
+    greedy: bool  # every row greedy: argmax, no sampling kernel (static: no device branch)
 
     @property
     def rows(self) -> int:
@@ -93,9 +95,11 @@ def _unpack(shape: _Shape, ints, floats) -> dict:
     return out
 
 
-def _draw(logits, f, impl):
-    """One token per row: argmax when every row is greedy (a cheaper kernel than a sampling
-    one), else each row alone with its own key, as `generate` draws for a lone prompt."""
+def _draw(logits, f, greedy: bool, impl):
+    """One token per row: argmax when every row is greedy (``greedy``), else each row alone
+    with its own key, as `generate` draws for a lone prompt."""
+    if greedy:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
     def one(row, seed, index, temperature, top_k, top_p, min_p):
         key = jax.random.fold_in(jax.random.key(seed), index)
@@ -109,14 +113,8 @@ def _draw(logits, f, impl):
             implementation=impl,
         )[0]
 
-    def draw(logits):
-        args = (f["seeds"], f["index"], f["temperature"], f["top_k"], f["top_p"], f["min_p"])
-        return jax.vmap(one)(logits, *args)
-
-    def greedy(logits):
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-
-    return jax.lax.cond(jnp.all(f["temperature"] <= 0), greedy, draw, logits)
+    args = (f["seeds"], f["index"], f["temperature"], f["top_k"], f["top_p"], f["min_p"])
+    return jax.vmap(one)(logits, *args)
 
 
 class _Model:
@@ -155,7 +153,7 @@ def _device_step(static: _Model, shape: _Shape, params, kv, previous, ints, floa
     batch = Mixed(f["block_tables"], f["kv_lens"], f["slots"], d, shape.chunk)
     h, kv = model.forward(tokens, f["positions"], kv, batch)
     logits = model.logits(h[batch.last_tokens()])
-    drawn = _draw(logits, f, getattr(model, "attention_impl", None))
+    drawn = _draw(logits, f, shape.greedy, getattr(model, "attention_impl", None))
     out = jnp.full((shape.out_rows,), -1, jnp.int32).at[: shape.rows].set(drawn)
     return out, kv
 
@@ -352,25 +350,27 @@ class Engine:
             self.step()
         return [self._requests[i].output for i in ids]
 
-    def warmup(self) -> float:
-        """Compile the step of every bucket pair now (steps of padding rows only: nothing is
-        written); returns the seconds it took."""
+    def warmup(self, sampling: bool = True) -> float:
+        """Compile the step of every bucket pair now, greedy and (with ``sampling``) sampling
+        variants (steps of padding rows only: nothing is written); returns the seconds."""
         t0 = time.perf_counter()
         empty = StepPlan([], [], [])
         for d in self._decode_buckets:
             for c in self._chunk_buckets:
-                if d or c:
-                    out, self._kv = self._call(self._shape(d, c), empty)
+                for greedy in (True, False) if sampling else (True,):
+                    if d or c:
+                        out, self._kv = self._call(self._shape(d, c, greedy), empty)
         jax.block_until_ready(self._kv)
         return time.perf_counter() - t0
 
-    def _shape(self, num_decode: int, num_chunks: int) -> _Shape:
+    def _shape(self, num_decode: int, num_chunks: int, greedy: bool) -> _Shape:
         return _Shape(
             _bucket(num_decode, self._decode_buckets),
             _bucket(num_chunks, self._chunk_buckets),
             self.scheduler.prefill_chunk,
             self._max_pages,
             self._out_rows,
+            greedy,
         )
 
     def _call(self, shape: _Shape, plan: StepPlan):
@@ -386,7 +386,8 @@ class Engine:
         )
 
     def _dispatch(self, plan: StepPlan) -> tuple[jax.Array, list[int]]:
-        shape = self._shape(len(plan.decode), len(plan.chunks))
+        greedy = all(r.sampling.greedy for r in plan.draws if r is not None)
+        shape = self._shape(len(plan.decode), len(plan.chunks), greedy)
         out, self._kv = self._call(shape, plan)
         self._previous = out
         d = shape.num_decode
