@@ -346,7 +346,7 @@ def main():
         info=bench_device.info(device),
         config={k: str(v) for k, v in vars(config).items()},
         parameters=n_params,
-        args=vars(args),
+        args={k: v for k, v in vars(args).items() if k != "out"},  # no machine paths
         results={},
     )
 
