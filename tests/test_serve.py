@@ -149,8 +149,10 @@ def test_preemption_recomputes_and_matches(model):
 
 
 def test_prefix_is_prefilled_once(model):
+    """A 10-token prefix over pages of 4: two full pages shared by reference, the third, where
+    the prompts part, copied (copy-on-write) with the prefix's two tokens in it."""
     rng = np.random.default_rng(2)
-    prefix = prompts(rng, (3 * PAGE,))[0]
+    prefix = prompts(rng, (2 * PAGE + 2,))[0]
     suffixes = prompts(rng, (5, 1, 7, 2))
     ps = [prefix + s for s in suffixes]
     arrivals = [
@@ -169,10 +171,33 @@ def test_prefix_is_prefilled_once(model):
     stats = engine.stats
     assert stats.prompt_tokens_computed == len(prefix) + sum(map(len, suffixes))
     assert stats.prefix_hit_tokens == 3 * len(prefix)
-    # Finished requests leave their prefix pages cached: a late request still finds them.
+    # Released full prefix pages stay cached (a partial page is indexed only while held): a
+    # request after all others finished still shares the two full pages.
     late = drive(engine, [[dict(prompt_tokens=prefix + [5, 6], max_new_tokens=2)]])
     check_against_generate(model, late)
-    assert engine.stats.prefix_hit_tokens == 4 * len(prefix)
+    assert engine.stats.prefix_hit_tokens == 3 * len(prefix) + 2 * PAGE
+
+
+def test_prompt_ending_inside_a_shared_page(model):
+    """A prompt that is a prefix of a running one, ending inside its page: it copies the page
+    and computes only its last token (whose logits draw its first output token)."""
+    rng = np.random.default_rng(4)
+    long = prompts(rng, (3 * PAGE + 1,))[0]
+    short = long[: 2 * PAGE + 3]
+    engine = Engine(
+        model, num_pages=48, page_size=PAGE, max_batch=4, max_prefill_rows=1, prefill_chunk=16
+    )
+    results = drive(
+        engine,
+        [
+            [dict(prompt_tokens=long, max_new_tokens=5)],
+            [],
+            [dict(prompt_tokens=short, max_new_tokens=4)],
+        ],
+    )
+    check_against_generate(model, results)
+    assert engine.stats.prompt_tokens_computed == len(long) + 1
+    assert engine.stats.prefix_hit_tokens == len(short) - 1
 
 
 def test_warm_steps_do_not_recompile(model):

@@ -29,6 +29,7 @@ import numpy as np
 from flax import nnx
 
 from ..nn import Mixed
+from ..ops.kv_cache import copy_pages
 from ..ops.sampling import sample
 from .pages import PagePool
 from .request import Request, SamplingParams, Status
@@ -156,6 +157,12 @@ def _device_step(static: _Model, shape: _Shape, params, kv, previous, ints, floa
     drawn = _draw(logits, f, shape.greedy, getattr(model, "attention_impl", None))
     out = jnp.full((shape.out_rows,), -1, jnp.int32).at[: shape.rows].set(drawn)
     return out, kv
+
+
+@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(1,))
+def _copy_pages(impl, kv, src, dst):
+    """Copy pages ``src[i] -> dst[i]`` in every layer's cache (ids -1: padding, skipped)."""
+    return tuple(copy_pages(k, v, src, dst, implementation=impl) for k, v in kv)
 
 
 def _buckets(limit: int) -> list[int]:
@@ -386,6 +393,11 @@ class Engine:
         )
 
     def _dispatch(self, plan: StepPlan) -> tuple[jax.Array, list[int]]:
+        if plan.copies:  # copy-on-write of partly shared prefix pages, before the step
+            pairs = np.full((2, self.scheduler.max_batch), -1, np.int32)
+            pairs[:, : len(plan.copies)] = np.asarray(plan.copies, np.int32).T
+            impl = getattr(self.model, "attention_impl", None)
+            self._kv = _copy_pages(impl, self._kv, pairs[0], pairs[1])
         greedy = all(r.sampling.greedy for r in plan.draws if r is not None)
         shape = self._shape(len(plan.decode), len(plan.chunks), greedy)
         out, self._kv = self._call(shape, plan)

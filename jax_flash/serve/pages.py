@@ -6,6 +6,11 @@ hash of that prompt up to the page's end, until it is needed for something else:
 recently released first). Pages shared by several requests are full pages of a common prompt
 prefix, which no request writes again: a request only writes positions past its shared pages,
 in pages of its own.
+
+Every prompt page is also indexed, while a request holds it, by the hash of the full pages
+before it, with the prompt tokens it holds: a later request whose prompt leaves the shared full
+pages partway into such a page (another suffix, or a prompt that ends inside it) copies the
+page (copy-on-write) and computes only its own tokens from there.
 """
 
 from __future__ import annotations
@@ -52,6 +57,9 @@ class PagePool:
         self._page_of: dict[int, int] = {}  # prefix hash -> page
         self._written: set[int] = set()  # registered pages whose writing step was dispatched
         self._cached: collections.OrderedDict[int, None] = collections.OrderedDict()  # LRU
+        # Prompt pages: hash of the full pages before (None: none) -> {page: prompt tokens}.
+        self._partial: dict[int | None, dict[int, tuple[int, ...]]] = {}
+        self._partial_key: dict[int, int | None] = {}  # page -> its key in _partial
 
     @property
     def num_available(self) -> int:
@@ -97,6 +105,7 @@ class PagePool:
             self._refs[page] -= 1
             if self._refs[page]:
                 continue
+            self._forget_partial(page)
             if page in self._written:
                 self._cached[page] = None
             else:
@@ -128,6 +137,35 @@ class PagePool:
             out.append(page)
         return out
 
+    def register_partial(self, page: int, parent: int | None, tokens: Sequence[int]) -> None:
+        """Index ``page`` (held, its prompt ``tokens`` written by a dispatched step) as the page
+        after full prompt pages that hash to ``parent`` (None: the first page); forgotten when
+        released."""
+        self._forget_partial(page)
+        self._partial.setdefault(parent, {})[page] = tuple(tokens)
+        self._partial_key[page] = parent
+
+    def lookup_partial(self, parent: int | None, tokens: Sequence[int]) -> tuple[int, int]:
+        """The indexed partial page under ``parent`` that starts with the longest run of
+        ``tokens``: ``(page, run length)``, ``(0, 0)`` when none does."""
+        best = (0, 0)
+        for page, held in self._partial.get(parent, {}).items():
+            n = 0
+            for a, b in zip(held, tokens, strict=False):
+                if a != b:
+                    break
+                n += 1
+            if n > best[1]:
+                best = (page, n)
+        return best
+
+    def _forget_partial(self, page: int) -> None:
+        if page in self._partial_key:
+            parent = self._partial_key.pop(page)
+            del self._partial[parent][page]
+            if not self._partial[parent]:
+                del self._partial[parent]
+
     def _unregister(self, page: int) -> None:
         h = self._hash_of.pop(page, None)
         if h is not None:
@@ -153,3 +191,5 @@ class PagePool:
         assert all(self._page_of[h] == p for p, h in self._hash_of.items()), "hash maps differ"
         assert len(self._page_of) == len(self._hash_of), "hash maps differ in size"
         assert self._written <= set(self._hash_of), "a written page is not registered"
+        assert all(self._refs[p] > 0 for p in self._partial_key), "a partial page is not held"
+        assert sum(map(len, self._partial.values())) == len(self._partial_key)
