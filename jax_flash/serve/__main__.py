@@ -27,7 +27,12 @@ def main(argv=None):
     parser.add_argument("--max-seq-len", type=int, default=None)
     args = parser.parse_args(argv)
 
-    from aiohttp import web
+    try:
+        from aiohttp import web
+    except ImportError as e:
+        raise SystemExit(
+            f"python -m jax_flash.serve needs aiohttp ({e}): pip install 'jax_flash[serve]'"
+        ) from e
 
     from ..models import load_hf_checkpoint, load_tokenizer
     from .engine import Engine

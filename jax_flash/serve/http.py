@@ -149,6 +149,8 @@ def make_app(engine: Engine, *, tokenizer=None, model_name: str = "jax_flash") -
             prompt = tokenizer.encode(prompt).ids
         elif not (isinstance(prompt, list) and all(type(t) is int for t in prompt)):
             raise _BadRequest("'prompt' must be a string or a list of token ids")
+        if body.get("n", 1) != 1 or body.get("best_of", 1) != 1:
+            raise _BadRequest("'n' and 'best_of' other than 1 are not supported")
         if "stop" in body and body["stop"]:
             raise _BadRequest("'stop' strings are not supported: use 'stop_token_ids'")
         stop = _field(body, "stop_token_ids", list, [])
