@@ -328,6 +328,13 @@ class Engine:
     def request(self, request_id: int) -> Request:
         return self._requests[request_id]
 
+    def forget(self, request_id: int) -> None:
+        """Drop a finished request's record (a server calls this once it has sent the
+        tokens, so that records do not pile up)."""
+        r = self._requests.get(request_id)
+        if r is not None and r.status is Status.FINISHED:
+            del self._requests[request_id]
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work() or self._in_flight is not None
 

@@ -75,6 +75,7 @@ class EngineThread:
             future.set_result(rid)
         elif command[0] == "abort":
             self.engine.abort(command[1])
+            self.engine.forget(command[1])
             self._sinks.pop(command[1], None)
 
     def _loop(self) -> None:
@@ -105,6 +106,7 @@ class EngineThread:
                 sink(out.tokens.get(rid, []), reason)
                 if reason is not None:
                     del self._sinks[rid]
+                    self.engine.forget(rid)
 
 
 class _BadRequest(ValueError):
