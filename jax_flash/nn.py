@@ -6,9 +6,10 @@ cache in place and attends: packed prompts (`Prefill`) through
 :func:`jax_flash.paged_attention`. Decode steps rotate q and k inside the cache write
 (:func:`jax_flash.append_kv` with ``positions``/``rope``/``q``: one kernel, the same bits as
 apply_rope then append_kv); prefill needs the rotated keys for its own attention, so it rotates
-with :func:`jax_flash.apply_rope` and then appends. `Dense` runs the same layer over a dense
-``[B, S_max, Hkv, D]`` cache with :func:`jax.nn.dot_product_attention`, the baseline the
-end-to-end benchmark compares against.
+with :func:`jax_flash.apply_rope` and then appends. `Mixed` packs a serving step's decode
+tokens and prompt chunks on one token axis (:mod:`jax_flash.serve`). `Dense` runs the same
+layer over a dense ``[B, S_max, Hkv, D]`` cache with :func:`jax.nn.dot_product_attention`, the
+baseline the end-to-end benchmark compares against.
 
 The cache state (`KVCache`: pages of every layer, block tables, lengths) is a pytree of device
 arrays, so a jitted decode step or loop takes it as a donated argument and updates it in place.
@@ -26,6 +27,7 @@ differentiable.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 
@@ -285,6 +287,41 @@ class Dense:
     implementation: str | None = dataclasses.field(default=None, metadata={"static": True})
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Mixed:
+    """One serving step: decode rows (one new token each) and prompt chunks (up to ``chunk`` new
+    tokens each) packed on one token axis, appended to a paged cache and attended with
+    :func:`jax_flash.paged_attention` (a chunk continues a prompt whose earlier tokens are
+    already cached).
+
+    The packed axis holds ``num_decode`` decode tokens, then ``R - num_decode`` chunk rows of
+    ``chunk`` places each. A chunk of ``n < chunk`` tokens fills the last ``n`` places of its
+    row (the places before are padding: not written, their outputs meaningless), so every row's
+    last token sits at a fixed place and the causal rule of a multi-token paged query (query
+    ``i`` sees positions ``<= kv_len - chunk + i``) is right for the real tokens.
+
+    Attributes
+    ----------
+    block_tables : int32 ``[R, max_pages]``: the decode rows', then the chunk rows'.
+    kv_lens : int32 ``[R]``: cached tokens per row after this step's append (0: unused row).
+    slots : int32 ``[T]``, ``T = num_decode + (R - num_decode) * chunk``; -1 = not written.
+    num_decode, chunk : static.
+    """
+
+    block_tables: jax.Array
+    kv_lens: jax.Array
+    slots: jax.Array
+    num_decode: int = dataclasses.field(metadata={"static": True})
+    chunk: int = dataclasses.field(metadata={"static": True})
+
+    def last_tokens(self):
+        """Packed indices ``[R]`` of every row's last place (whose logits a step samples)."""
+        d, c = self.num_decode, self.chunk
+        rows = self.kv_lens.shape[0] - d
+        return np.concatenate([np.arange(d), d + c * np.arange(rows) + c - 1]).astype(np.int32)
+
+
 def _check_impl(attention_impl):
     if attention_impl not in IMPLEMENTATIONS:
         raise ValueError(
@@ -439,6 +476,8 @@ class Attention(nnx.Module):
                 implementation=impl,
             )
             return self._out(o, lead), (k_pages, v_pages)
+        if isinstance(batch, Mixed):
+            return self._mixed(q, k, v, positions, kv, batch)
         # Prefill attends to the rotated k itself (not through the cache): rotate, then append.
         q, k = self._rope(q, positions), self._rope(k, positions)
         if isinstance(batch, (NoCache, PackedNoCache)):
@@ -469,6 +508,44 @@ class Attention(nnx.Module):
             else:
                 raise TypeError(f"Attention: batch must be Prefill, Decode or Dense, got {batch!r}")
         return self._out(o, lead), kv
+
+    def _mixed(self, q, k, v, positions, kv, batch: Mixed):
+        """A `Mixed` step: RoPE fused into the cache write (as a decode step), then the decode
+        rows' one-token queries and the chunk rows' ``[chunk]`` queries attend separately."""
+        impl = self.attention_impl
+        heads = (-1, self.num_kv_heads, self.head_dim)
+        q_rot, k_pages, v_pages = append_kv(
+            *kv,
+            k.reshape(heads),
+            v.reshape(heads),
+            batch.slots,
+            positions=positions,
+            rope=self._rope_options(),
+            q=q,
+            implementation=impl,
+        )
+        k_pages, v_pages = self._heads(k_pages, v_pages)
+        d, c = batch.num_decode, batch.chunk
+        attend = functools.partial(
+            paged_attention,
+            k_pages=k_pages,
+            v_pages=v_pages,
+            causal=True,
+            softmax_scale=self.softmax_scale,
+            sliding_window=self._window(),
+            implementation=impl,
+        )
+        parts = []
+        if d:
+            parts.append(
+                attend(q_rot[:d], block_tables=batch.block_tables[:d], kv_lens=batch.kv_lens[:d])
+            )
+        if q_rot.shape[0] > d:
+            chunks = q_rot[d:].reshape(-1, c, self.num_heads, self.head_dim)
+            o = attend(chunks, block_tables=batch.block_tables[d:], kv_lens=batch.kv_lens[d:])
+            parts.append(o.reshape(-1, self.num_heads, self.head_dim))
+        o = parts[0] if len(parts) == 1 else jnp.concatenate(parts)
+        return self._out(o, q.shape[:1]), (k_pages, v_pages)
 
     def _out(self, o, lead):
         """The output projection of the attention output ``o`` (``[*lead, H, D]``); cast back
