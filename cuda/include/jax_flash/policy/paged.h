@@ -119,7 +119,11 @@ inline bool paged_use_mma(bool mma_ok, PagedKernel kernel) {
 // i.e. about one wave of 2 CTAs per SM (B * Hkv * s = 256 of 264 slots). The merge adds 2.6-3.3
 // us at B = 1 (4.6-5% at 1 x 32k, 19% at 1 x 8k; tools/paged_mma_check --merge) and ~1% from
 // B = 8. Split counts 8-128 around this choice (B = 1-2; 32/8, 28/4, 32/2, 32/1 heads; D 64,
-// 128): it is the best or within ~6% of it.
+// 128): it is the best or within ~6% of it. Re-measured on the tensor-core kernel in the
+// benchmark's jitted loop (bf16 32/8 D128 page 16, us per call for splits 4 / 8 / 16 / 32 / 64;
+// docs/benchmarks.md): 1 x 8k 36.0 / 23.8 / 23.1 / [18.6] / 19.4, 1 x 32k 118.6 / 69.8 / 57.3 /
+// [56.3] / 59.0, 2 x 8k 40.7 / 34.6 / [34.6] / 36.5 / 40.4, 4 x 8k 57.1 / [56.5] / 58.7 / 61.2 /
+// 65.7, 8 x 8k [101.1] / 101.6 / 105.2 / 108.1 / 119.2: the choice is the best of them.
 inline int paged_num_splits(int64_t batch, int64_t num_heads_k, int64_t group, int64_t seqlen_q,
                             int64_t max_ctx, int num_sms, int head_dim, bool mma,
                             int cache_bytes) {
