@@ -823,8 +823,7 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
 // Paged decode attention on tensor cores (and the split-KV merge when num_splits > 1) for q of
 // type T (__half or __nv_bfloat16) and a cache of type TC (T, int8_t or __nv_fp8_e4m3) on the
 // tile width D = policy::paged_mma_tile_dim(head_dim, head_dim_v); parameters accepted by
-// paged_mma_supported. Asynchronous on `stream`; never
-// synchronizes or allocates.
+// paged_mma_supported. Asynchronous on `stream`; never synchronizes or allocates.
 template <typename T, int D, typename TC>
 cudaError_t launch_paged_attention_mma(const PagedAttentionParams& p, cudaStream_t stream) {
   static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>,
