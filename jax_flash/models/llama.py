@@ -357,6 +357,29 @@ class LlamaForCausalLM(nnx.Module):
                 node.set_attention_impl(attention_impl)
         return other
 
+    def attention_kernels(self, page_size: int = 16, platform: str | None = None) -> dict:
+        """The kernels this model's attention runs on `platform` (None: JAX's default), by
+        :func:`jax_flash.kernel_for` on its head dims, dtype and attention implementation:
+        ``{"prefill": ..., "decode": ...}`` (e.g. "cuda:tensor_core", "cpu", "xla reference")."""
+        from ..introspect import kernel_for
+        from ..ops.flash_attention import flash_attention_varlen
+        from ..ops.paged_attention import paged_attention
+
+        c, dt, impl = self.config, self.dtype, self.attention_impl
+        S = jax.ShapeDtypeStruct
+        hq, hkv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        rows, kv, cu = S((8, hq, d), dt), S((8, hkv, d), dt), S((3,), jnp.int32)
+        pages, i32 = S((4, page_size, hkv, d), dt), jnp.int32
+        prefill = kernel_for(
+            flash_attention_varlen, rows, kv, kv, cu, cu,
+            causal=True, implementation=impl, platform=platform,
+        )  # fmt: skip
+        decode = kernel_for(
+            paged_attention, S((2, hq, d), dt), pages, pages, S((2, 2), i32), S((2,), i32),
+            implementation=impl, platform=platform,
+        )  # fmt: skip
+        return {"prefill": prefill, "decode": decode}
+
     def forward(self, tokens, positions, kv, batch):
         """Hidden states after the final norm, and the layers' updated caches.
 

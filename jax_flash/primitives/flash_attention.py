@@ -75,15 +75,22 @@ def _ffi_attrs(config: FlashConfig) -> dict:
     }
 
 
-def _check_cuda(ctx, config):
-    q_aval, _, v_aval = ctx.avals_in[:3]
+# The CUDA kernels' names by policy::FlashChoice (cuda/include/jax_flash/policy/flash.h).
+_FLASH_KERNELS = {v: k for k, v in _cpu.policy.FLASH_CHOICES.items()}
+
+
+def _cuda_kernel(avals_in, config):
+    q_aval, _, v_aval = avals_in[:3]
     d, dv = q_aval.shape[2], v_aval.shape[2]
-    if max(d, dv) > CUDA_MAX_HEAD_DIM:
-        return (
-            f"the CUDA kernel takes head dims up to {CUDA_MAX_HEAD_DIM}, got head_dim={d}, "
+    choice = _cpu.policy.flash_kernel_choice(
+        jnp.dtype(q_aval.dtype).name, d, dv, config.softmax_scale, config.softcap
+    )
+    if _FLASH_KERNELS[choice] == "none":
+        return None, (
+            f"the CUDA kernels take head dims up to {CUDA_MAX_HEAD_DIM}, got head_dim={d}, "
             f"head_dim_v={dv}"
         )
-    return None
+    return _FLASH_KERNELS[choice], None
 
 
 def _reference(*args, config):
@@ -159,7 +166,7 @@ def _per_shard(config, got):
 
 
 register_lowerings(
-    flash_attention_p, "flash_attention", _ffi_attrs, _reference, _check_cuda,
+    flash_attention_p, "flash_attention", _ffi_attrs, _reference, _cuda_kernel,
     partitioning=Partitioning(_rule, _per_shard),
 )  # fmt: skip
 
