@@ -38,6 +38,7 @@ DEMO_CONFIG = LlamaConfig(
     num_hidden_layers=4,
     num_attention_heads=8,
     num_key_value_heads=2,
+    head_dim=64,  # the CUDA kernels of prefill and paged decode take it in every dtype
     rms_norm_eps=1e-5,
     rope_theta=500000.0,
     rope_scaling={
@@ -208,6 +209,8 @@ def main():
         f"{args.max_new_tokens} new tokens each, page size {args.page_size}"
     )
 
+    kernels = model.attention_kernels(args.page_size)
+    print(f"attention kernels: prefill {kernels['prefill']}, decode {kernels['decode']}")
     out = run(model, prompts, args, "jax_flash", eos_token_id=eos)
     for i, toks in enumerate(out.tokens):
         shown = repr(tokenizer.decode(prompts[i] + toks)) if tokenizer else toks

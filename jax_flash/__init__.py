@@ -6,6 +6,7 @@ primitives, so that jit-compiled decoders run them with no host round trip.
 
 from . import reference
 from ._native import has_cuda_kernels
+from .introspect import kernel_for
 from .ops.flash_attention import flash_attention, flash_attention_varlen
 from .ops.kv_cache import (
     append_kv,
@@ -18,6 +19,7 @@ from .ops.paged_attention import paged_attention
 from .ops.rope import apply_rope
 from .ops.sampling import sample, top_k_top_p_filter
 from .parallel import context_parallel_attention
+from .primitives._common import NativeFallbackWarning
 
 __version__ = "0.1.0"
 
@@ -29,7 +31,9 @@ __all__ = [
     "copy_pages",
     "flash_attention",
     "flash_attention_varlen",
+    "NativeFallbackWarning",
     "has_cuda_kernels",
+    "kernel_for",
     "paged_attention",
     "reference",
     "reorder_beams",

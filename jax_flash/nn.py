@@ -6,9 +6,10 @@ cache in place and attends: packed prompts (`Prefill`) through
 :func:`jax_flash.paged_attention`. Decode steps rotate q and k inside the cache write
 (:func:`jax_flash.append_kv` with ``positions``/``rope``/``q``: one kernel, the same bits as
 apply_rope then append_kv); prefill needs the rotated keys for its own attention, so it rotates
-with :func:`jax_flash.apply_rope` and then appends. `Dense` runs the same layer over a dense
-``[B, S_max, Hkv, D]`` cache with :func:`jax.nn.dot_product_attention`, the baseline the
-end-to-end benchmark compares against.
+with :func:`jax_flash.apply_rope` and then appends. `Mixed` packs a serving step's decode
+tokens and prompt chunks on one token axis (:mod:`jax_flash.serve`). `Dense` runs the same
+layer over a dense ``[B, S_max, Hkv, D]`` cache with :func:`jax.nn.dot_product_attention`, the
+baseline the end-to-end benchmark compares against.
 
 The cache state (`KVCache`: pages of every layer, block tables, lengths) is a pytree of device
 arrays, so a jitted decode step or loop takes it as a donated argument and updates it in place.
@@ -16,11 +17,17 @@ arrays, so a jitted decode step or loop takes it as a donated argument and updat
 `TensorParallel` says how a layer's activations and the cache lie on a mesh for tensor
 parallelism (heads split over the mesh's tensor axis); `Attention` pins its q/k/v, attention
 output and cache pages to that layout when it has one.
+
+`NoCache` and `PackedNoCache` run whole sequences with no cache at all (training, scoring):
+causal attention through :func:`jax_flash.flash_attention` (``[B, S]`` rows) or
+:func:`jax_flash.flash_attention_varlen` (packed sequences); every op on that path is
+differentiable.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 
@@ -31,7 +38,7 @@ from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .ops.flash_attention import flash_attention_varlen
+from .ops.flash_attention import flash_attention, flash_attention_varlen
 from .ops.kv_cache import append_kv, slot_mapping
 from .ops.paged_attention import paged_attention
 from .ops.rope import apply_rope
@@ -199,6 +206,36 @@ class PageAllocator:
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
+class NoCache:
+    """Whole sequences ``[B, S]``, each from position 0, attended causally with
+    :func:`jax_flash.flash_attention` and no cache (training, scoring).
+
+    Attributes
+    ----------
+    lengths : int32 ``[B]`` or None: valid tokens per row (right padding; rows at or past
+        ``lengths[b]`` give zeros). None: every row is full.
+    """
+
+    lengths: jax.Array | None = None
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PackedNoCache:
+    """Packed sequences ``[T]``, each from position 0, attended causally with
+    :func:`jax_flash.flash_attention_varlen` and no cache (training, scoring).
+
+    Attributes
+    ----------
+    cu_seqlens : int32 ``[B + 1]``: sequence ``b`` owns packed rows ``cu[b]:cu[b+1]``; rows
+        past ``cu[B]`` are padding (zeros).
+    """
+
+    cu_seqlens: jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
 class Prefill:
     """Packed prompts written into an empty paged cache and attended with
     :func:`jax_flash.flash_attention_varlen`.
@@ -248,6 +285,41 @@ class Dense:
     lens: jax.Array
     new_lens: jax.Array
     implementation: str | None = dataclasses.field(default=None, metadata={"static": True})
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Mixed:
+    """One serving step: decode rows (one new token each) and prompt chunks (up to ``chunk`` new
+    tokens each) packed on one token axis, appended to a paged cache and attended with
+    :func:`jax_flash.paged_attention` (a chunk continues a prompt whose earlier tokens are
+    already cached).
+
+    The packed axis holds ``num_decode`` decode tokens, then ``R - num_decode`` chunk rows of
+    ``chunk`` places each. A chunk of ``n < chunk`` tokens fills the last ``n`` places of its
+    row (the places before are padding: not written, their outputs meaningless), so every row's
+    last token sits at a fixed place and the causal rule of a multi-token paged query (query
+    ``i`` sees positions ``<= kv_len - chunk + i``) is right for the real tokens.
+
+    Attributes
+    ----------
+    block_tables : int32 ``[R, max_pages]``: the decode rows', then the chunk rows'.
+    kv_lens : int32 ``[R]``: cached tokens per row after this step's append (0: unused row).
+    slots : int32 ``[T]``, ``T = num_decode + (R - num_decode) * chunk``; -1 = not written.
+    num_decode, chunk : static.
+    """
+
+    block_tables: jax.Array
+    kv_lens: jax.Array
+    slots: jax.Array
+    num_decode: int = dataclasses.field(metadata={"static": True})
+    chunk: int = dataclasses.field(metadata={"static": True})
+
+    def last_tokens(self):
+        """Packed indices ``[R]`` of every row's last place (whose logits a step samples)."""
+        d, c = self.num_decode, self.chunk
+        rows = self.kv_lens.shape[0] - d
+        return np.concatenate([np.arange(d), d + c * np.arange(rows) + c - 1]).astype(np.int32)
 
 
 def _check_impl(attention_impl):
@@ -360,15 +432,16 @@ class Attention(nnx.Module):
 
         Parameters
         ----------
-        x : ``[T, hidden]`` packed rows (`Prefill`), ``[B, hidden]`` or ``[B, S, hidden]``
-            (`Decode`, `Dense`).
+        x : ``[T, hidden]`` packed rows (`Prefill`, `PackedNoCache`), ``[B, hidden]`` or
+            ``[B, S, hidden]`` (`Decode`, `Dense`, `NoCache`).
         positions : int32 like ``x`` without the last axis: each token's position (RoPE).
-        kv : ``(k_pages, v_pages)`` of this layer (``[B, S_max, Hkv, D]`` caches for `Dense`).
-        batch : `Prefill`, `Decode` or `Dense`.
+        kv : ``(k_pages, v_pages)`` of this layer (``[B, S_max, Hkv, D]`` caches for `Dense`;
+            None for `NoCache` / `PackedNoCache`).
+        batch : `Prefill`, `Decode`, `Dense`, `NoCache` or `PackedNoCache`.
 
         Returns
         -------
-        ``(y like x, (k_pages, v_pages))``.
+        ``(y like x, (k_pages, v_pages))`` (None for the cache-free batches).
         """
         lead = x.shape[:-1]
         q = self.q_proj(x).reshape(*lead, self.num_heads, self.head_dim)
@@ -403,8 +476,12 @@ class Attention(nnx.Module):
                 implementation=impl,
             )
             return self._out(o, lead), (k_pages, v_pages)
+        if isinstance(batch, Mixed):
+            return self._mixed(q, k, v, positions, kv, batch)
         # Prefill attends to the rotated k itself (not through the cache): rotate, then append.
         q, k = self._rope(q, positions), self._rope(k, positions)
+        if isinstance(batch, (NoCache, PackedNoCache)):
+            return self._out(self._attend_no_cache(q, k, v, batch), lead), None
         if isinstance(batch, Dense):
             o, kv = self._dense(q, k, v, kv, batch)
         else:
@@ -432,6 +509,44 @@ class Attention(nnx.Module):
                 raise TypeError(f"Attention: batch must be Prefill, Decode or Dense, got {batch!r}")
         return self._out(o, lead), kv
 
+    def _mixed(self, q, k, v, positions, kv, batch: Mixed):
+        """A `Mixed` step: RoPE fused into the cache write (as a decode step), then the decode
+        rows' one-token queries and the chunk rows' ``[chunk]`` queries attend separately."""
+        impl = self.attention_impl
+        heads = (-1, self.num_kv_heads, self.head_dim)
+        q_rot, k_pages, v_pages = append_kv(
+            *kv,
+            k.reshape(heads),
+            v.reshape(heads),
+            batch.slots,
+            positions=positions,
+            rope=self._rope_options(),
+            q=q,
+            implementation=impl,
+        )
+        k_pages, v_pages = self._heads(k_pages, v_pages)
+        d, c = batch.num_decode, batch.chunk
+        attend = functools.partial(
+            paged_attention,
+            k_pages=k_pages,
+            v_pages=v_pages,
+            causal=True,
+            softmax_scale=self.softmax_scale,
+            sliding_window=self._window(),
+            implementation=impl,
+        )
+        parts = []
+        if d:
+            parts.append(
+                attend(q_rot[:d], block_tables=batch.block_tables[:d], kv_lens=batch.kv_lens[:d])
+            )
+        if q_rot.shape[0] > d:
+            chunks = q_rot[d:].reshape(-1, c, self.num_heads, self.head_dim)
+            o = attend(chunks, block_tables=batch.block_tables[d:], kv_lens=batch.kv_lens[d:])
+            parts.append(o.reshape(-1, self.num_heads, self.head_dim))
+        o = parts[0] if len(parts) == 1 else jnp.concatenate(parts)
+        return self._out(o, q.shape[:1]), (k_pages, v_pages)
+
     def _out(self, o, lead):
         """The output projection of the attention output ``o`` (``[*lead, H, D]``); cast back
         to the compute dtype because a tensor-parallel o_proj sums its per-device partial
@@ -439,6 +554,20 @@ class Attention(nnx.Module):
         (o,) = self._heads(o)
         y = self.o_proj(o.reshape(*lead, self.num_heads * self.head_dim)).astype(o.dtype)
         return y if self.parallel is None else self.parallel.constrain(y)
+
+    def _attend_no_cache(self, q, k, v, batch):
+        """Causal attention of whole sequences among themselves (no cache read or written)."""
+        options = dict(
+            causal=True,
+            softmax_scale=self.softmax_scale,
+            sliding_window=self._window(),
+            implementation=self.attention_impl,
+        )
+        if isinstance(batch, PackedNoCache):
+            cu = batch.cu_seqlens
+            return flash_attention_varlen(q, k, v, cu, cu, **options)
+        lens = batch.lengths
+        return flash_attention(q, k, v, q_seqlens=lens, kv_seqlens=lens, **options)
 
     def _dense(self, q, k, v, kv, batch: Dense):
         k_cache, v_cache = kv
@@ -473,16 +602,25 @@ class Attention(nnx.Module):
         return o, (k_cache, v_cache)
 
 
+def packed_positions(cu_seqlens, num_tokens: int):
+    """Of ``num_tokens`` packed rows (sequence ``b`` at ``cu_seqlens[b]:cu_seqlens[b+1]``): each
+    row's sequence ``[T]``, its position in that sequence ``[T]``, and whether it belongs to a
+    sequence ``[T]`` (rows before ``cu[0]`` or past ``cu[B]`` do not)."""
+    cu = jnp.asarray(cu_seqlens, jnp.int32)
+    B = cu.shape[0] - 1
+    t = jnp.arange(num_tokens, dtype=jnp.int32)
+    seq = jnp.clip(jnp.searchsorted(cu[1:], t, side="right"), 0, B - 1)
+    valid = (t >= cu[0]) & (t < cu[B])
+    return seq, t - cu[seq], valid
+
+
 def prefill_batch(cache: KVCache, cu_seqlens, num_tokens: int, rows=None):
     """Positions ``[T]`` and the `Prefill` batch of packed prompts written to cache rows ``rows``
     (default ``0..B-1``), each from position 0. Rows past ``cu_seqlens[B]`` are padding."""
     cu = jnp.asarray(cu_seqlens, jnp.int32)
     B = cu.shape[0] - 1
     rows = jnp.arange(B, dtype=jnp.int32) if rows is None else jnp.asarray(rows, jnp.int32)
-    t = jnp.arange(num_tokens, dtype=jnp.int32)
-    seq = jnp.clip(jnp.searchsorted(cu[1:], t, side="right"), 0, B - 1)
-    positions = t - cu[seq]
-    valid = (t >= cu[0]) & (t < cu[B])
+    seq, positions, valid = packed_positions(cu, num_tokens)
     slots = slot_mapping(cache.block_tables[rows[seq]], positions, cache.page_size, valid)
     return jnp.where(valid, positions, 0), Prefill(cu, slots)
 

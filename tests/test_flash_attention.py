@@ -9,6 +9,7 @@ import pytest
 
 import jax_flash
 from jax_flash import reference
+from jax_flash.primitives import _common
 
 from _util import DTYPES, randn, rel_err, tolerance
 
@@ -124,6 +125,35 @@ def test_soft_cap_and_scale(platform, rng, dtype):
 @pytest.mark.parametrize("d,dv", [(64, 128), (128, 64), (96, 96), (80, 48)])
 def test_head_dims(platform, rng, d, dv, dtype):
     _dense_case(platform, rng, 2, 45, 53, 4, 2, d, dtype, Dv=dv, causal=True)
+
+
+# Head dims of real models on the tensor-core kernel (16-bit): its 64 / 128 / 256 tiles run
+# every multiple of 16 (policy::flash_mma_tile_dim), D != Dv too; the padded variant is checked
+# with and without softcap, causal and not. On CUDA the call must run that kernel.
+@pytest.mark.parametrize(
+    "d,dv,dtype,opts",
+    [
+        (16, 16, "bfloat16", {"causal": True}),
+        (32, 32, "float16", {"causal": False}),
+        (80, 80, "bfloat16", {"causal": True}),
+        (80, 80, "float16", {"causal": True, "logits_soft_cap": 5.0}),
+        (96, 96, "bfloat16", {"causal": False}),
+        (112, 112, "float16", {"causal": True}),
+        (160, 160, "bfloat16", {"causal": True}),
+        (192, 128, "bfloat16", {"causal": True}),
+        (128, 64, "float16", {"causal": False, "sliding_window": (20, 3)}),
+        (48, 208, "bfloat16", {"causal": True}),
+    ],
+    ids=str,
+)
+def test_tensor_core_head_dims(platform, rng, d, dv, dtype, opts):
+    if platform.name == "cuda":
+        q = jax.ShapeDtypeStruct((2, 97, 6, d), DTYPES[dtype])
+        k = jax.ShapeDtypeStruct((2, 131, 2, d), DTYPES[dtype])
+        v = jax.ShapeDtypeStruct((2, 131, 2, dv), DTYPES[dtype])
+        ran = jax_flash.kernel_for(jax_flash.flash_attention, q, k, v, platform="cuda", **opts)
+        assert ran == "cuda:tensor_core", ran
+    _dense_case(platform, rng, 2, 97, 131, 6, 2, d, dtype, Dv=dv, **opts)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -402,7 +432,8 @@ def test_default_implementation_runs_natively(rng):
 
 
 @pytest.mark.skipif(not jax_flash.has_cuda_kernels(), reason="built without CUDA kernels")
-def test_cuda_lowering_without_gpu(rng):
+def test_cuda_lowering_without_gpu(rng, monkeypatch):
+    monkeypatch.setattr(_common, "_WARNED", set())  # the fallback warns once per case
     q, k, v = (randn(rng, (1, 17, 2, 64), jnp.bfloat16) for _ in range(3))
     f = functools.partial(jax_flash.flash_attention, causal=True)
     text = jax.jit(f).trace(q, k, v).lower(lowering_platforms=("cuda",)).as_text()
@@ -411,10 +442,15 @@ def test_cuda_lowering_without_gpu(rng):
     forced = functools.partial(jax_flash.flash_attention, implementation="cuda")
     with pytest.raises(ValueError, match="head dims up to 256"):
         jax.jit(forced).trace(big, big, big).lower(lowering_platforms=("cuda",))
-    # implementation=None falls back to the jnp reference for head dims the kernel lacks.
-    text = (
-        jax.jit(jax_flash.flash_attention).trace(big, big, big).lower(lowering_platforms=("cuda",))
+    # implementation=None falls back to the jnp reference for head dims the kernel lacks, and
+    # says so.
+    assert jax_flash.kernel_for(jax_flash.flash_attention, big, big, big, platform="cuda") == (
+        "xla reference"
     )
+    with pytest.warns(jax_flash.NativeFallbackWarning, match="flash_attention.*head dims up to"):
+        text = jax.jit(jax_flash.flash_attention).trace(big, big, big).lower(
+            lowering_platforms=("cuda",)
+        )  # fmt: skip
     assert "jax_flash_flash_attention_cuda" not in text.as_text()
 
 

@@ -203,7 +203,9 @@ def paged_cases(draw):
     bad = draw(st.lists(st.sampled_from(["", "", "", "len", "neg", "page"]), min_size=B))
     causal = draw(st.booleans())
     return dict(
-        shape=(B, Sq, Hkv * group, Hkv, draw(st.sampled_from([16, 64, 128]))),
+        # head dims of the tensor-core kernel's three tiles, padded ones, and D != Dv
+        shape=(B, Sq, Hkv * group, Hkv, draw(st.sampled_from([16, 48, 64, 80, 128]))),
+        head_dim_v=draw(st.sampled_from([None, None, 32, 96])),  # None: D
         page_size=page_size,
         max_pages=max_pages,
         lens=lens,
@@ -225,6 +227,7 @@ def paged_cases(draw):
 @hypothesis.given(paged_cases())
 def test_paged_attention(case):
     B, Sq, Hq, Hkv, D = case["shape"]
+    Dv = case["head_dim_v"] or D
     page, max_pages, dtype = case["page_size"], case["max_pages"], case["dtype"]
     rng = np.random.default_rng(case["seed"])
     num_pages = B * max_pages + 2
@@ -238,7 +241,7 @@ def test_paged_attention(case):
         elif kind == "page" and lens[b] > 0:
             bt[b, rng.integers(0, -(-lens[b] // page))] = rng.choice([-1, num_pages, 2**30])
     kf = randn(rng, (num_pages, page, Hkv, D), dtype)
-    vf = randn(rng, (num_pages, page, Hkv, D), dtype)
+    vf = randn(rng, (num_pages, page, Hkv, Dv), dtype)
     scales = {}
     kp, vp = kf, vf
     if case["cache"] != "same":
@@ -257,7 +260,7 @@ def test_paged_attention(case):
         jax_flash.paged_attention, q, kp, vp, bt, lens, num_splits=case["num_splits"],
         return_lse=True, **scales, **case["opts"],
     )  # fmt: skip
-    assert o.shape == q.shape and o.dtype == dtype
+    assert o.shape == q.shape[:-1] + (Dv,) and o.dtype == dtype
     ref_o, ref_lse = jit_call(
         reference.paged_attention,
         q.astype(jnp.float32),

@@ -33,7 +33,8 @@ LLAMA3_SCALING = {
     "original_max_position_embeddings": 16,
 }
 
-# GQA 6:2, head dim 16, Llama 3 RoPE scaling (active: the original context is 16 tokens).
+# GQA 6:2, head dim 64 (float32 models: the CUDA kernels of prefill and paged decode take it),
+# Llama 3 RoPE scaling (active: the original context is 16 tokens).
 LLAMA = LlamaConfig(
     vocab_size=97,
     hidden_size=48,
@@ -41,7 +42,7 @@ LLAMA = LlamaConfig(
     num_hidden_layers=2,
     num_attention_heads=6,
     num_key_value_heads=2,
-    head_dim=16,
+    head_dim=64,
     rms_norm_eps=1e-5,
     rope_theta=500000.0,
     rope_scaling=LLAMA3_SCALING,
@@ -54,6 +55,7 @@ QWEN = LlamaConfig(
     num_hidden_layers=2,
     num_attention_heads=3,
     num_key_value_heads=1,
+    head_dim=64,
     qkv_bias=True,
     tie_word_embeddings=True,
     sliding_window=5,
@@ -130,6 +132,12 @@ def _rel(a, b):
 
 @pytest.mark.parametrize("config", [LLAMA, QWEN], ids=["llama", "qwen"])
 def test_kernels_match_xla(config):
+    # The native kernels run (no silent jnp fallback): on CPU the CPU kernels, on a GPU the CUDA
+    # kernels.
+    kernels = _model(config).attention_kernels()
+    print(f"attention kernels: {kernels}")
+    native = "cpu" if jax.default_backend() == "cpu" else "cuda:"
+    assert all(k.startswith(native) for k in kernels.values()), kernels
     prompts = _prompts([7, 1, 13, 4], config.vocab_size, 0)
     steps = np.random.default_rng(1).integers(0, config.vocab_size, (3, 4))
     logits, decoded = _run(_model(config), prompts, steps)

@@ -37,28 +37,41 @@ def make_cache(rng, kv_lens, page_size, Hkv, D, dtype, spare=3):
     return k_pages, v_pages, jnp.asarray(bt), jnp.asarray(kv_lens)
 
 
-def _launch(platform, q, k_pages, k_scale=None):
-    """The keyword that asks paged_attention for the platform's CUDA kernel ({} for the default).
-    The tensor-core kernel asked for a call it does not take must raise: checked here, then the
-    test is skipped."""
-    if platform.kernel is None:
-        return {}
-    launch = {"_launch": PagedLaunch(kernel=platform.kernel)}
-    mode = 0 if k_scale is None else 1 if k_scale.ndim == 1 else 2
-    P, page, Hkv, D = k_pages.shape
-    supported = policy.paged_mma_supported(
-        q.dtype.name, k_pages.dtype.name, mode, D, D, P, page, Hkv
-    )
-    if platform.kernel == "tensor_core" and not supported:
+def _launch(platform, q, k_pages, k_scale=None, v_pages=None):
+    """The keyword that asks paged_attention for the platform's CUDA kernel ({} for the default),
+    after checking with jax_flash.kernel_for that the call runs that kernel. A kernel asked for
+    a call it does not take must raise: checked here, then the test is skipped."""
+    if platform.name == "cuda":
+        v_pages = k_pages if v_pages is None else v_pages
         scales = {} if k_scale is None else {"k_scale": k_scale, "v_scale": k_scale}
         bt = jnp.zeros((q.shape[0], 1), jnp.int32)
         kl = jnp.zeros((q.shape[0],), jnp.int32)
-        with pytest.raises(ValueError, match="tensor-core kernel was asked for"):
-            jax_flash.paged_attention(q, k_pages, k_pages, bt, kl, **scales, **launch)
-        pytest.skip(
-            f"the tensor-core kernel does not take q {q.dtype} with a {k_pages.dtype} cache"
-        )
-    return launch
+        launch = {} if platform.kernel is None else {"_launch": PagedLaunch(platform.kernel)}
+        call = functools.partial(jax_flash.paged_attention, **scales, **launch)
+        if platform.kernel == "tensor_core" and not _mma_takes(q, k_pages, v_pages, k_scale):
+            with pytest.raises(ValueError, match="tensor-core kernel was asked for"):
+                call(q, k_pages, v_pages, bt, kl)
+            pytest.skip(
+                f"the tensor-core kernel does not take this call ({q.dtype}, {k_pages.dtype} "
+                f"cache, D {k_pages.shape[3]}, Dv {v_pages.shape[3]})"
+            )
+        ran = jax_flash.kernel_for(call, q, k_pages, v_pages, bt, kl, platform="cuda")
+        if platform.kernel == "cuda_core" and ran == "xla reference":
+            with pytest.raises(ValueError, match="no CUDA kernel takes"):
+                call(q, k_pages, v_pages, bt, kl, implementation="cuda")
+            pytest.skip(f"the CUDA-core kernel does not take D {k_pages.shape[3]}, "
+                        f"Dv {v_pages.shape[3]}")  # fmt: skip
+        if platform.kernel is not None:
+            assert ran == f"cuda:{platform.kernel}", ran
+    return {} if platform.kernel is None else {"_launch": PagedLaunch(kernel=platform.kernel)}
+
+
+def _mma_takes(q, k_pages, v_pages, k_scale):
+    mode = 0 if k_scale is None else 1 if k_scale.ndim == 1 else 2
+    P, page, Hkv, D = k_pages.shape
+    return policy.paged_mma_supported(
+        q.dtype.name, k_pages.dtype.name, mode, D, v_pages.shape[3], P, page, Hkv
+    )
 
 
 def _check(platform, rng, q, k_pages, v_pages, bt, lens, *, k_scale=None, v_scale=None, **opts):
@@ -66,7 +79,7 @@ def _check(platform, rng, q, k_pages, v_pages, bt, lens, *, k_scale=None, v_scal
         jax_flash.paged_attention,
         return_lse=True,
         implementation=platform.name,
-        **_launch(platform, q, k_pages, k_scale),
+        **_launch(platform, q, k_pages, k_scale, v_pages),
         **opts,
     )
     scales = {} if k_scale is None else {"k_scale": k_scale, "v_scale": v_scale}
@@ -177,6 +190,47 @@ def test_quantized_cache(kernel_platform, rng, cache_dtype, per_token):
     exact = reference.paged_attention(q.astype(jnp.float32), kf, vf, bt, kl)
     qerr = rel_err(o, exact)
     assert qerr < (0.03 if cache_dtype == "int8" else 0.1), qerr
+
+
+# Head dims of real models: 16 and 32 (small test models), 80 (Phi-2), 96 (Phi-3-mini), 112, 160,
+# 256, and D != Dv (192/128 as DeepSeek's MLA prefill, 128/64): the tensor-core kernel runs them
+# on its 64 / 128 / 256 tiles (policy::paged_mma_tile_dim); the CUDA-core kernel takes 64, 128,
+# 256 with D == Dv only (the others skip on it, after checking that it refuses them).
+HEAD_DIMS = [(16, 16), (32, 32), (80, 80), (96, 96), (112, 112), (160, 160), (256, 256),
+             (192, 128), (128, 64), (48, 208)]  # fmt: skip
+
+
+# The 8-bit caches on one head dim per tile width and a D != Dv (CPU time in CI).
+CASES = [(d, dv, "same") for d, dv in HEAD_DIMS] + [
+    (d, dv, c) for d, dv in ((32, 32), (80, 80), (192, 128)) for c in ("int8", "float8_e4m3fn")
+]
+
+
+@pytest.mark.parametrize("d,dv,cache", CASES)
+def test_head_dims(kernel_platform, rng, d, dv, cache):
+    dtype = jnp.float16 if cache == "int8" else jnp.bfloat16
+    lens = [1, 97, 300]
+    kf, _, bt, kl = make_cache(rng, lens, 16, 2, d, dtype)
+    vf = randn(rng, kf.shape[:3] + (dv,), dtype)
+    scales = {}
+    kp, vp = kf, vf
+    if cache != "same":
+        cdt = jnp.dtype(cache)
+        if cache == "int8":  # per head
+            ks, vs = (jnp.max(jnp.abs(x.astype(jnp.float32)), axis=(0, 1, 3)) / 127.0
+                      for x in (kf, vf))  # fmt: skip
+            kp = reference.quantize(kf, ks[:, None], cdt)
+            vp = reference.quantize(vf, vs[:, None], cdt)
+        else:  # per token
+            ks, vs = (reference.per_token_scale(x, cdt) for x in (kf, vf))
+            kp = reference.quantize(kf, ks[..., None], cdt)
+            vp = reference.quantize(vf, vs[..., None], cdt)
+        scales = {"k_scale": ks, "v_scale": vs}
+    for sq, splits in ((1, 3), (4, 1)):
+        shape = (len(lens), 6, d) if sq == 1 else (len(lens), sq, 6, d)
+        q = randn(rng, shape, dtype)
+        o, _ = _check(kernel_platform, rng, q, kp, vp, bt, kl, num_splits=splits, **scales)
+        assert o.shape == shape[:-1] + (dv,)
 
 
 @pytest.mark.parametrize("cap", [None, 5.0])

@@ -76,12 +76,70 @@ MMA_CASES = [
     (("float32", "float32", 0, 128, 128, 10, 16, 2), False),
     (("float32", "int8", 1, 128, 128, 10, 16, 2), False),
     (("bfloat16", "float16", 0, 128, 128, 10, 16, 2), False),
-    (("bfloat16", "bfloat16", 0, 96, 96, 10, 16, 2), False),
-    (("bfloat16", "bfloat16", 0, 128, 64, 10, 16, 2), False),
+    (("bfloat16", "bfloat16", 0, 96, 96, 10, 16, 2), True),
+    (("bfloat16", "bfloat16", 0, 128, 64, 10, 16, 2), True),
     (("bfloat16", "bfloat16", 0, 128, 128, 0, 16, 2), False),
     (("bfloat16", "bfloat16", 0, 128, 128, 2**24, 16, 16), False),  # 2^32 rows
     (("bfloat16", "bfloat16", 0, 128, 128, 2**24, 16, 15), True),
+    (("bfloat16", "bfloat16", 0, 40, 40, 10, 16, 2), False),  # not a multiple of 16
+    (("float16", "int8", 1, 272, 272, 10, 16, 2), False),  # above 256
+    (("bfloat16", "float8_e4m3fn", 2, 16, 208, 10, 16, 2), True),
 ]
+
+
+def test_head_dim_rules():
+    """The tensor-core kernels (paged decode and prefill) take D, Dv multiples of 16 up to 256
+    on their 64 / 128 / 256 tiles; the paged CUDA-core kernel D == Dv in 64 / 128 / 256."""
+    assert policy.PAGED_MMA_TILE_DIMS == (64, 128, 256)
+    for d in range(1, 300):
+        for dv in (d, 64, 128):
+            ok = 16 <= d <= 256 and d % 16 == 0 and dv % 16 == 0
+            assert policy.paged_mma_head_dims_supported(d, dv) == ok
+            assert policy.flash_mma_head_dims_supported(d, dv) == ok
+            if ok:
+                tile = next(t for t in (64, 128, 256) if max(d, dv) <= t)
+                assert policy.paged_mma_tile_dim(d, dv) == tile == policy.flash_mma_tile_dim(d, dv)
+
+
+PAGED = policy.PAGED_CHOICES
+KERNEL = policy.PAGED_KERNELS
+
+
+@pytest.mark.parametrize(
+    "mma_ok,d,dv,kernel,expected",
+    [
+        (True, 128, 128, "auto", "tensor_core"),
+        (True, 80, 80, "auto", "tensor_core"),
+        (False, 128, 128, "auto", "cuda_core"),
+        (False, 80, 80, "auto", "none"),
+        (True, 128, 128, "cuda_core", "cuda_core"),
+        (True, 80, 80, "cuda_core", "none"),
+        (True, 192, 128, "tensor_core", "tensor_core"),
+        (False, 128, 128, "tensor_core", "none"),
+    ],
+)
+def test_paged_kernel_choice(mma_ok, d, dv, kernel, expected):
+    assert policy.paged_kernel_choice(mma_ok, d, dv, KERNEL[kernel]) == PAGED[expected]
+    assert policy.paged_use_mma(mma_ok, KERNEL[kernel]) == (mma_ok and kernel != "cuda_core")
+
+
+@pytest.mark.parametrize(
+    "dtype,d,dv,scale,cap,expected",
+    [
+        ("bfloat16", 128, 128, 0.1, 0.0, "tensor_core"),
+        ("float16", 80, 80, 0.1, 0.0, "tensor_core"),
+        ("bfloat16", 192, 128, 0.1, 0.0, "tensor_core"),
+        ("bfloat16", 40, 40, 0.1, 0.0, "simt"),
+        ("float32", 128, 128, 0.1, 0.0, "simt"),
+        ("bfloat16", 128, 128, -1.0, 0.0, "simt"),  # the mma kernel keeps an unscaled max
+        ("bfloat16", 128, 128, -1.0, 5.0, "tensor_core"),
+        ("bfloat16", 128, 128, float("inf"), 0.0, "simt"),
+        ("bfloat16", 320, 320, 0.1, 0.0, "none"),
+        ("float32", 64, 288, 0.1, 0.0, "none"),
+    ],
+)
+def test_flash_kernel_choice(dtype, d, dv, scale, cap, expected):
+    assert policy.flash_kernel_choice(dtype, d, dv, scale, cap) == policy.FLASH_CHOICES[expected]
 
 
 @pytest.mark.parametrize("args,expected", MMA_CASES)

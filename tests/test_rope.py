@@ -142,6 +142,39 @@ def test_eager_jit_vmap(platform, rng):
     np.testing.assert_array_equal(np.asarray(nested[1, 4]), np.asarray(fn(x[4, 1], positions[0])))
 
 
+@pytest.mark.parametrize("style,scaling", [("neox", LLAMA3), ("gptj", LINEAR)])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_grad(platform, rng, style, scaling, dtype):
+    """Reverse and forward mode (RoPE is linear in x: the transpose rotates back) against
+    jax.grad / jax.jvp of the float32 reference, under jit and vmap."""
+    x = randn(rng, (3, 11, 5, 48), dtype)
+    positions = jnp.asarray(rng.integers(-50, 9000, size=(3, 11)), jnp.int32)
+    weight = randn(rng, x.shape, jnp.float32)
+    x, positions, weight = platform.put(x, positions, weight)
+    opts = dict(style=style, rotary_dim=32, theta=500000.0, scaling=scaling)
+
+    def loss(x, pos, w, impl):
+        out = apply_rope(x, pos, implementation=impl, **opts).astype(jnp.float32)
+        return jnp.sum(out * w)
+
+    ref = jax.grad(loss)(x.astype(jnp.float32), positions, weight, "xla")
+    same = rel_err(ref.astype(dtype), ref)
+    tol = tolerance(dtype, same)
+    grad = jax.jit(jax.grad(loss), static_argnums=3)(x, positions, weight, platform.name)
+    assert grad.dtype == x.dtype
+    assert rel_err(grad, ref) <= tol
+    per_row = jax.vmap(jax.grad(loss), in_axes=(0, 0, 0, None))(
+        x[:, None], positions[:, None], weight[:, None], platform.name
+    )
+    assert rel_err(per_row[:, 0], ref) <= tol
+    tangent = weight.astype(dtype)
+    _, jvp = jax.jvp(
+        lambda x: apply_rope(x, positions, implementation=platform.name, **opts), (x,), (tangent,)
+    )
+    ref_jvp = apply_rope(tangent.astype(jnp.float32), positions, implementation="xla", **opts)
+    assert rel_err(jvp, ref_jvp) <= tol
+
+
 def test_empty(platform):
     x = jnp.zeros((2, 0, 4, 64), jnp.bfloat16)
     out = apply_rope(*platform.put(x, jnp.zeros((2, 0), jnp.int32)), implementation=platform.name)

@@ -37,7 +37,7 @@ cudaError_t dispatch_head_dim(const FlashParams& p, cudaStream_t stream) {
       if (status != cudaErrorNotSupported) return status;
     }
     if (flash_attention_mma_supported(p)) {
-      switch (p.head_dim) {
+      switch (policy::flash_mma_tile_dim(p.head_dim, p.head_dim_v)) {
         case 64: return run_flash_attention_mma<T, 64>(p, stream);
         case 128: return run_flash_attention_mma<T, 128>(p, stream);
         case 256: return run_flash_attention_mma<T, 256>(p, stream);

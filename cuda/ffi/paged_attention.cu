@@ -27,12 +27,16 @@ static ffi::Error PagedAttentionCuda(
       lse_partial, softmax_scale, softcap, window_left, window_right, num_splits, scale_mode,
       kernel, pdl, merge_pdl, /*check_partials=*/true, &p);
   if (err.failure()) return err;
-  if (!policy::paged_head_dim_supported(p.head_dim, p.head_dim_v))
-    return invalid(op, "the CUDA kernel takes head dims 64, 128 or 256 with D == Dv, got q " +
-                           dims_str(q.dimensions()) + " and v_pages " +
-                           dims_str(v_pages.dimensions()) + " (D = " +
+  const policy::PagedChoice choice = paged::paged_kernel_choice(p);
+  if (choice == policy::PagedChoice::kNone && p.launch.kernel != PagedKernel::kTensorCore)
+    return invalid(op, "no CUDA kernel takes q " + dims_str(q.dimensions()) + " (" +
+                           dtype_name(q.element_type()) + ") with v_pages " +
+                           dims_str(v_pages.dimensions()) + " (" +
+                           dtype_name(v_pages.element_type()) + "; D = " +
                            std::to_string(p.head_dim) + ", Dv = " + std::to_string(p.head_dim_v) +
-                           ")");
+                           "): the tensor-core kernel takes float16 / bfloat16 q with D, Dv "
+                           "multiples of 16 up to 256, the CUDA-core kernel D == Dv in 64, 128, "
+                           "256");
   if (p.num_splits > paged::kMaxMergeSplits)
     return invalid(op, "the CUDA kernel takes num_splits <= " +
                            std::to_string(paged::kMaxMergeSplits) + ", got " +
@@ -44,11 +48,11 @@ static ffi::Error PagedAttentionCuda(
     return invalid(op, "too many CTAs: B * Hkv * num_splits * ceil(Hq / Hkv * Sq / 16) must be "
                        "< 2^31, got q " + dims_str(q.dimensions()) + ", num_splits " +
                            std::to_string(p.num_splits));
-  if (p.launch.kernel == PagedKernel::kTensorCore && !paged::paged_mma_supported(p))
+  if (choice == policy::PagedChoice::kNone)
     return invalid(op, "the tensor-core kernel was asked for, but it takes only float16 / "
                        "bfloat16 q with a cache of q's dtype or a scaled int8 / float8_e4m3fn "
-                       "cache, D == Dv in 64, 128, 256, 1 to 2^32 - 1 cache rows of Hkv heads "
-                       "and q 16-byte aligned");
+                       "cache, D and Dv multiples of 16 up to 256, 1 to 2^32 - 1 cache rows of "
+                       "Hkv heads and q 16-byte aligned");
   if (!paged_attention_cuda_supported(p))
     return invalid(op, "unsupported combination of dtypes, head dims and scale mode");
   const cudaError_t status = paged_attention_cuda(p, stream);

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "jax_flash/paged_params.h"
+#include "jax_flash/policy/flash.h"
 #include "jax_flash/policy/limits.h"
 #include "jax_flash/policy/paged.h"
 
@@ -64,6 +65,44 @@ inline void def_policy_module(nanobind::module_& parent) {
 
   m.def("paged_head_dim_supported", &policy::paged_head_dim_supported, "head_dim"_a,
         "head_dim_v"_a);
+  nb::list tiles;
+  for (int d : policy::kPagedMmaTileDims) tiles.append(d);
+  m.attr("PAGED_MMA_TILE_DIMS") = nb::tuple(tiles);
+  m.def("paged_mma_head_dims_supported",
+        [](int64_t d, int64_t dv) { return policy::paged_mma_head_dims_supported(d, dv); },
+        "head_dim"_a, "head_dim_v"_a);
+  m.def("paged_mma_tile_dim",
+        [](int64_t d, int64_t dv) { return policy::paged_mma_tile_dim(d, dv); }, "head_dim"_a,
+        "head_dim_v"_a);
+  nb::dict paged_choices;
+  paged_choices["none"] = static_cast<int>(policy::PagedChoice::kNone);
+  paged_choices["cuda_core"] = static_cast<int>(policy::PagedChoice::kCudaCore);
+  paged_choices["tensor_core"] = static_cast<int>(policy::PagedChoice::kTensorCore);
+  m.attr("PAGED_CHOICES") = paged_choices;
+  m.def(
+      "paged_kernel_choice",
+      [](bool mma_ok, int64_t d, int64_t dv, int kernel) {
+        return static_cast<int>(policy::paged_kernel_choice(mma_ok, d, dv, pm::paged_kernel(kernel)));
+      },
+      "mma_ok"_a, "head_dim"_a, "head_dim_v"_a, "kernel"_a);
+  nb::dict flash_choices;
+  flash_choices["none"] = static_cast<int>(policy::FlashChoice::kNone);
+  flash_choices["simt"] = static_cast<int>(policy::FlashChoice::kSimt);
+  flash_choices["tensor_core"] = static_cast<int>(policy::FlashChoice::kTensorCore);
+  m.attr("FLASH_CHOICES") = flash_choices;
+  m.def("flash_mma_head_dims_supported",
+        [](int64_t d, int64_t dv) { return policy::flash_mma_head_dims_supported(d, dv); },
+        "head_dim"_a, "head_dim_v"_a);
+  m.def("flash_mma_tile_dim",
+        [](int64_t d, int64_t dv) { return policy::flash_mma_tile_dim(d, dv); }, "head_dim"_a,
+        "head_dim_v"_a);
+  m.def(
+      "flash_kernel_choice",
+      [](const std::string& dtype, int64_t d, int64_t dv, float softmax_scale, float softcap) {
+        return static_cast<int>(
+            policy::flash_kernel_choice(pm::q_dtype(dtype), d, dv, softmax_scale, softcap));
+      },
+      "dtype"_a, "head_dim"_a, "head_dim_v"_a, "softmax_scale"_a, "softcap"_a);
   m.def("paged_rows_per_cta", [](int64_t rows) { return policy::paged_rows_per_cta(rows); },
         "rows"_a);
   m.def("paged_mma_ctas_per_sm",

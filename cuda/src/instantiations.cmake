@@ -30,8 +30,9 @@ set(_jf_head_dims 64 128 256)
 set(_jf_quant_cache_types int8_t __nv_fp8_e4m3)
 
 # Prefill: one file per (dtype, head dim) of the CUDA-core kernel (every dtype; the head dim
-# bounds head_dim and head_dim_v) and of the tensor-core kernel (16-bit dtypes; head_dim ==
-# head_dim_v == the head dim).
+# bounds head_dim and head_dim_v) and of the tensor-core kernel (16-bit dtypes; the tile width,
+# policy::flash_mma_tile_dim: its exact variant for head_dim == head_dim_v == the width, its
+# padded variant for the multiples of 16 below it).
 foreach(kernel simt mma)
   set(tags f16 bf16)
   if(kernel STREQUAL "simt")
@@ -92,6 +93,7 @@ endfunction()
 # CUDA cores: every q dtype, <TQ, TC, D>.
 jax_flash_instantiate_paged(paged_attention paged::launch_paged_attention "f32;f16;bf16"
                             "@T@, @T@, @D@" "@T@, @TC@, @D@")
-# Tensor cores: 16-bit q, <T, D> (the cache type defaults to T) and <T, D, TC>.
+# Tensor cores: 16-bit q, <T, D> (the cache type defaults to T) and <T, D, TC>; D is the tile
+# width (policy::paged_mma_tile_dim), which takes the head dims up to it.
 jax_flash_instantiate_paged(paged_attention_mma paged::launch_paged_attention_mma "f16;bf16"
                             "@T@, @D@" "@T@, @D@, @TC@")

@@ -143,15 +143,17 @@ def _time_peer(kind, name, fn, args, s: DecodeShape, roof, ref) -> dict:
 
 
 def _best_pallas(results: dict):
-    """The Pallas k_splits with the highest bandwidth, as results["pallas_best"]."""
-    pallas = {n: r for n, r in results.items() if n.startswith("pallas_k")}
-    if pallas:
-        ok = {n: r for n, r in pallas.items() if "gbps" in r}
-        if ok:
-            best = max(ok, key=lambda n: ok[n]["gbps"])
-            results["pallas_best"] = {**ok[best], "from": best}
-        else:
-            results["pallas_best"] = {"error": next(iter(pallas.values()))["error"]}
+    """The Pallas k_splits (FA3 binding num_splits) with the highest bandwidth, as
+    results["pallas_best"] (results["fa3_paged_best"])."""
+    for prefix, best_name in (("pallas_k", "pallas_best"), ("fa3_paged_s", "fa3_paged_best")):
+        group = {n: r for n, r in results.items() if n.startswith(prefix)}
+        if group:
+            ok = {n: r for n, r in group.items() if "gbps" in r}
+            if ok:
+                best = max(ok, key=lambda n: ok[n]["gbps"])
+                results[best_name] = {**ok[best], "from": best}
+            else:
+                results[best_name] = {"error": next(iter(group.values()))["error"]}
 
 
 def run_decode(grid="quick", dtypes=("bfloat16",), out_dir=None, shapes=None, skip=()):

@@ -100,6 +100,8 @@ def decode_peers(kind, s: DecodeShape, mem: float):
     if kind == "gpu":
         groups.append(_pallas_group(s))
         groups.append(_cudnn_group(s))
+        groups.append(_pallas_decode_group(s))
+        groups.append(_fa3_paged_group(s))
     if 1.5 * s.gather_bytes > 0.5 * mem:
         gather = (
             f"skipped: the float32 dense copy of the cache needs ~{s.gather_bytes / 2**30:.0f} "
@@ -151,6 +153,64 @@ def _pallas_group(s: DecodeShape):
 
         peers[name] = fn
     return (head_major, peers)
+
+
+def _contiguous_cache(data):
+    """The peer arguments with the pages gathered into a contiguous [B, ctx, Hkv, D] cache."""
+    q, kp, vp, bt, kl, ks, vs = data
+    kd, vd = (reference.gather_pages(x, bt).astype(x.dtype) for x in (kp, vp))
+    return q, kd, vd, bt, kl, None, None
+
+
+def _pallas_decode_group(s: DecodeShape):
+    """JAX Pallas (Triton) `decode_attention.gqa` on a contiguous copy of the cache (one query
+    token, 16-bit cache): the bound without paging, as cuDNN's. k_splits 16 (its default), fewer
+    where a split would hold less than one 128-key block."""
+    name = "pallas_decode_contiguous"
+    try:
+        from jax.experimental.pallas.ops.gpu import decode_attention
+    except ImportError as e:
+        return (None, {name: f"unavailable: {error_text(e)}"})
+    if s.seqlen_q != 1 or s.quantized:
+        return (None, {name: "unsupported: one query token and a 16-bit cache only"})
+    splits = 16
+    while splits > 1 and (s.ctx % splits or (s.ctx // splits) % 128):
+        splits //= 2
+    if s.ctx % 128:
+        return (None, {name: f"unsupported: ctx {s.ctx} is not a multiple of its 128-key block"})
+
+    def fn(q, kd, vd, bt, kl, ks, vs):
+        return decode_attention.gqa(
+            q, kd, vd, kv_seq_len=kl, sm_scale=s.head_dim**-0.5, k_splits=splits
+        )
+
+    return (jax.jit(_contiguous_cache), {name: fn})
+
+
+def _fa3_paged_group(s: DecodeShape):
+    """The FlashAttention-3 binding's paged decode (`flash_attn3_jax.flash_mha_with_kvcache`,
+    the cache as it is, page_table = block tables) at num_splits 1 and 8 (fa3_paged_best: the
+    faster), 16-bit caches."""
+    names = [f"fa3_paged_s{n}" for n in (1, 8)]
+    try:
+        from flash_attn3_jax import flash_mha_with_kvcache
+    except ImportError as e:
+        return (None, dict.fromkeys(names, f"unavailable: {error_text(e)}"))
+    if s.quantized:
+        return (None, dict.fromkeys(names, "unsupported: a 16-bit cache only"))
+    peers = {}
+    for splits, name in zip((1, 8), names, strict=True):
+
+        def fn(q, kp, vp, bt, kl, ks, vs, splits=splits):
+            q4 = q[:, None] if q.ndim == 3 else q
+            o = flash_mha_with_kvcache(
+                q4, kp, vp, cache_seqlens=kl, page_table=bt, is_causal=True,
+                softmax_scale=s.head_dim**-0.5, num_splits=splits,
+            )  # fmt: skip
+            return o[:, 0] if q.ndim == 3 else o
+
+        peers[name] = fn
+    return (lambda data: data, peers)
 
 
 def _cudnn_group(s: DecodeShape):

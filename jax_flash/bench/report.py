@@ -106,12 +106,18 @@ def prefill_table(rows, kind: str):
 
 
 # decode peers with a column in the table, and their short names
-_DECODE_COLUMNS = {"pallas_best": "pallas", "cudnn_contiguous": "cudnn", "jnp_gather": "gather"}
+_DECODE_COLUMNS = {
+    "pallas_best": "pallas",
+    "fa3_paged_best": "fa3",
+    "pallas_decode_contiguous": "pl-dec",
+    "cudnn_contiguous": "cudnn",
+    "jnp_gather": "gather",
+}
 
 
 def decode_table(rows, roof: dict):
     peers = {n: v for n, v in _DECODE_COLUMNS.items() if _measured(rows, n, "gbps")}
-    ratios = [n for n in ("pallas_best", "cudnn_contiguous") if n in peers]
+    ratios = [n for n in _DECODE_COLUMNS if n in peers and n != "jnp_gather"]
     print()
     print(
         f"{'shape':40s}{'jf us':>10s}{'jf GB/s':>9s}"

@@ -1,5 +1,6 @@
 """Decoders built on jax_flash: a Llama-family model, a Hugging Face checkpoint loader and
-batched generation with a paged KV cache, tensor-parallel over a mesh with `shard_model`."""
+batched generation with a paged KV cache, tensor-parallel over a mesh with `shard_model`, and
+the next-token loss of training (`next_token_loss`, `pack_sequences`)."""
 
 from .generation import GenerateOutput, generate
 from .llama import (
@@ -10,6 +11,7 @@ from .llama import (
     load_tokenizer,
 )
 from .sharding import shard_model
+from .training import next_token_loss, next_token_targets, pack_sequences
 
 __all__ = [
     "GenerateOutput",
@@ -19,5 +21,8 @@ __all__ = [
     "hf_parameters",
     "load_hf_checkpoint",
     "load_tokenizer",
+    "next_token_loss",
+    "next_token_targets",
+    "pack_sequences",
     "shard_model",
 ]

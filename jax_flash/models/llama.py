@@ -22,7 +22,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from ..nn import Attention, KVCache, TensorParallel, decode_batch, prefill_batch
+from ..nn import (
+    Attention,
+    KVCache,
+    NoCache,
+    PackedNoCache,
+    TensorParallel,
+    decode_batch,
+    packed_positions,
+    prefill_batch,
+)
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 _ROPE_TYPES = ("default", "linear", "llama3")
@@ -233,7 +242,8 @@ class DecoderLayer(nnx.Module):
 
 
 class LlamaForCausalLM(nnx.Module):
-    """Llama-family decoder with a paged KV cache.
+    """Llama-family decoder with a paged KV cache (`prefill`, `decode`), and a cache-free
+    forward for training (calling the model: tokens to logits, differentiable).
 
     Parameters
     ----------
@@ -347,6 +357,29 @@ class LlamaForCausalLM(nnx.Module):
                 node.set_attention_impl(attention_impl)
         return other
 
+    def attention_kernels(self, page_size: int = 16, platform: str | None = None) -> dict:
+        """The kernels this model's attention runs on `platform` (None: JAX's default), by
+        :func:`jax_flash.kernel_for` on its head dims, dtype and attention implementation:
+        ``{"prefill": ..., "decode": ...}`` (e.g. "cuda:tensor_core", "cpu", "xla reference")."""
+        from ..introspect import kernel_for
+        from ..ops.flash_attention import flash_attention_varlen
+        from ..ops.paged_attention import paged_attention
+
+        c, dt, impl = self.config, self.dtype, self.attention_impl
+        S = jax.ShapeDtypeStruct
+        hq, hkv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        rows, kv, cu = S((8, hq, d), dt), S((8, hkv, d), dt), S((3,), jnp.int32)
+        pages, i32 = S((4, page_size, hkv, d), dt), jnp.int32
+        prefill = kernel_for(
+            flash_attention_varlen, rows, kv, kv, cu, cu,
+            causal=True, implementation=impl, platform=platform,
+        )  # fmt: skip
+        decode = kernel_for(
+            paged_attention, S((2, hq, d), dt), pages, pages, S((2, 2), i32), S((2,), i32),
+            implementation=impl, platform=platform,
+        )  # fmt: skip
+        return {"prefill": prefill, "decode": decode}
+
     def forward(self, tokens, positions, kv, batch):
         """Hidden states after the final norm, and the layers' updated caches.
 
@@ -429,6 +462,58 @@ class LlamaForCausalLM(nnx.Module):
         positions, batch, kv_lens = decode_batch(cache, toks.shape[1], active)
         h, kv = self.forward(toks, positions, cache.layers(), batch)
         return self.logits(h if all_logits else h[:, -1]), self._with_layers(cache, kv, kv_lens)
+
+    def __call__(self, tokens, *, cu_seqlens=None, lengths=None):
+        """Logits of whole sequences with no cache (training, scoring); differentiable w.r.t.
+        the parameters (`jax.grad` through jax_flash's attention and RoPE).
+
+        Parameters
+        ----------
+        tokens : int32 ``[B, S]`` (rows of one length, attended with
+            :func:`jax_flash.flash_attention`), or ``[T]`` packed sequences with ``cu_seqlens``
+            (attended with :func:`jax_flash.flash_attention_varlen`).
+        cu_seqlens : int32 ``[B + 1]`` with ``[T]`` tokens: sequence ``b`` owns rows
+            ``cu[b]:cu[b+1]``, its positions restart from 0; rows past ``cu[B]`` are padding.
+        lengths : int32 ``[B]`` with ``[B, S]`` tokens: valid tokens per row (right padding).
+            Without it every row is full; padding at the end of a row does not change the
+            causal rows before it either way, but ``lengths`` skips its attention.
+
+        Returns
+        -------
+        float32 logits ``[B, S, V]`` (or ``[T, V]``); causal per sequence, every layer's
+        sliding window applied. See :func:`jax_flash.models.next_token_loss`.
+        """
+        tokens = jnp.asarray(tokens)
+        if cu_seqlens is not None:
+            if tokens.ndim != 1 or lengths is not None:
+                raise ValueError(
+                    "LlamaForCausalLM: cu_seqlens takes packed tokens [T] (and no lengths), got "
+                    f"tokens {tuple(tokens.shape)}"
+                )
+            cu = jnp.asarray(cu_seqlens, jnp.int32)
+            if cu.ndim != 1 or cu.shape[0] < 2:
+                raise ValueError(
+                    f"LlamaForCausalLM: cu_seqlens must have shape [B + 1], got {tuple(cu.shape)}"
+                )
+            _, positions, valid = packed_positions(cu, tokens.shape[0])
+            positions, batch = jnp.where(valid, positions, 0), PackedNoCache(cu)
+        else:
+            if tokens.ndim != 2:
+                raise ValueError(
+                    "LlamaForCausalLM: tokens must be [B, S] (or packed [T] with cu_seqlens), "
+                    f"got shape {tuple(tokens.shape)}"
+                )
+            B, S = tokens.shape
+            if lengths is not None:
+                lengths = jnp.asarray(lengths, jnp.int32)
+                if lengths.shape != (B,):
+                    raise ValueError(
+                        f"LlamaForCausalLM: lengths must have shape [B] = ({B},), got "
+                        f"{tuple(lengths.shape)}"
+                    )
+            positions, batch = jnp.arange(S, dtype=jnp.int32), NoCache(lengths)
+        h, _ = self.forward(tokens, positions, (None,) * len(self.layers), batch)
+        return self.logits(h)
 
 
 def hf_parameters(model: LlamaForCausalLM) -> dict[str, tuple[nnx.Variable, bool]]:

@@ -13,6 +13,7 @@ from ..primitives.paged_attention import (
     PagedConfig,
     PagedLaunch,
     default_launch,
+    mma_supported,
     paged_attention_p,
     policy,
 )
@@ -92,8 +93,9 @@ def default_num_splits(
     The CUDA-core kernel runs one CTA per (sequence, kv head, split, chunk of <= 16 query rows of
     the group); two 4-8-row CTAs (or one 16-row CTA) fit an SM. The tensor-core kernel (`mma_ok`:
     it takes the call, policy.paged_mma_supported; run unless `kernel` is "cuda_core") runs
-    16-row CTAs, 2 / 2 / 1 per SM for head dims 64 / 128 / 256 (8-bit caches, `cache_itemsize`
-    1: 3 / 2 / 1). Aim for about one wave: no split if the CTAs already fill 80% of the slots,
+    16-row CTAs, 2 / 2 / 1 per SM for tile widths 64 / 128 / 256 (8-bit caches, `cache_itemsize`
+    1: 3 / 2 / 1; `head_dim` is max(D, Dv), whose tile the call runs on). Aim for about one
+    wave: no split if the CTAs already fill 80% of the slots,
     else the largest power of two that fills them, with at least 128 keys per split. Measured
     best on an H100 (132 SMs) for bf16 GQA-4, CUDA-core kernel: B=1 -> 32, 2 -> 16, 4 -> 8,
     8 -> 4, 16 -> 2, >= 32 -> 1. `kernel`: None for the default launch's."""
@@ -154,8 +156,12 @@ def paged_attention(
     return_lse : bool
         Also return ``lse`` float32 ``[B, Hq]`` (or ``[B, Hq, Sq]``).
     implementation : None, "cuda", "cpu" or "xla" (gathers the pages, then the jnp reference).
-        The CUDA kernel takes D == Dv in (64, 128, 256); other head dims run the "xla" path
-        under None (slow: it gathers the cache) and raise a ValueError under "cuda".
+        On CUDA, float16 / bfloat16 q runs the tensor-core kernel for D and Dv multiples of 16
+        up to 256 (D != Dv too); float32 q (or ``_launch`` asking for the CUDA-core kernel)
+        runs the CUDA-core kernel, which takes D == Dv in (64, 128, 256). A call no CUDA kernel
+        takes runs the "xla" path under None (slow: it gathers the cache) with a
+        ``jax_flash.NativeFallbackWarning``, and raises a ValueError under "cuda".
+        :func:`jax_flash.kernel_for` tells which kernel a call runs.
     _launch : private: how the CUDA kernels run the call (``PagedLaunch``: which kernel, PDL);
         None for the defaults (``JAX_FLASH_PAGED_MMA``, ``JAX_FLASH_PAGED_PDL``). Tests use it
         to run both kernels in one process.
@@ -207,21 +213,18 @@ def paged_attention(
     if not isinstance(launch, PagedLaunch):
         raise TypeError(f"{_OP}: _launch must be a PagedLaunch, got {type(launch).__name__}")
     _kernel_id(launch.kernel)
-    mma_ok = policy.paged_mma_supported(
-        jnp.dtype(q4.dtype).name, jnp.dtype(k_pages.dtype).name, mode, D, Dv,
-        k_pages.shape[0], page_size, Hkv,
-    )  # fmt: skip
+    mma_ok = mma_supported(q4.dtype, k_pages.dtype, mode, D, Dv, k_pages.shape)
     if launch.kernel == "tensor_core" and not mma_ok:
         raise ValueError(
             f"{_OP}: the tensor-core kernel was asked for, but it does not take q "
             f"{jnp.dtype(q4.dtype).name} with a {jnp.dtype(k_pages.dtype).name} cache, "
             f"D={D}, Dv={Dv}, {k_pages.shape[0]} pages of {page_size} x {Hkv} heads (it takes "
             f"float16 / bfloat16 q with a cache of q's dtype or a scaled int8 / float8_e4m3fn "
-            f"cache, D == Dv in {policy.PAGED_HEAD_DIMS}, 1 to 2^32 - 1 cache rows)"
+            f"cache, D and Dv multiples of 16 up to 256, 1 to 2^32 - 1 cache rows)"
         )
     if num_splits is None:
         num_splits = default_num_splits(
-            B, Hkv, Hq // Hkv, Sq, max_pages * page_size, head_dim=D, mma_ok=mma_ok,
+            B, Hkv, Hq // Hkv, Sq, max_pages * page_size, head_dim=max(D, Dv), mma_ok=mma_ok,
             cache_itemsize=jnp.dtype(k_pages.dtype).itemsize, kernel=launch.kernel,
         )  # fmt: skip
     elif int(num_splits) < 1:

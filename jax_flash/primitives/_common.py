@@ -1,8 +1,10 @@
-"""What every jax_flash primitive shares: eager impl, platform lowerings to FFI targets, and the
-jnp-reference lowering for platforms without a native kernel."""
+"""What every jax_flash primitive shares: eager impl, platform lowerings to FFI targets, the
+jnp-reference lowering for platforms and cases without a native kernel (with a warning), and
+the one decision of which kernel a bind runs (`kernel_of`, also behind jax_flash.kernel_for)."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from functools import lru_cache, partial
 
@@ -34,12 +36,56 @@ def make_primitive(name: str) -> Primitive:
     return p
 
 
+# The label of the jnp reference in kernel_of / jax_flash.kernel_for.
+XLA_REFERENCE = "xla reference"
+
+
+class NativeFallbackWarning(UserWarning):
+    """implementation=None ran the jnp reference: no native kernel takes the call (the message
+    names the op, the platform and the reason). Issued once per op, platform and reason."""
+
+
+_WARNED: set[tuple[str, str, str]] = set()
+# primitive -> (op name, cuda_kernel or None): filled by register_lowerings.
+_KERNELS: dict[Primitive, tuple[str, Callable | None]] = {}
+
+
+def warn_fallback(op: str, platform: str, reason: str) -> None:
+    """Warns (once per op, platform and reason) that a call runs the jnp reference."""
+    key = (op, platform, reason)
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    warnings.warn(
+        f"jax_flash.{op}: no native kernel takes this call on {platform}: {reason}. It runs the "
+        "jnp reference instead (slow; pass implementation='xla' to ask for it explicitly)",
+        NativeFallbackWarning,
+        stacklevel=2,
+    )
+
+
+def kernel_of(p: Primitive, platform: str, avals_in, config) -> tuple[str, str | None]:
+    """The kernel that the lowering of one bind of `p` (operand avals, static config) runs on
+    `platform`: ("cpu", None), ("cuda", None) or ("cuda:<kernel>", None) for ops with several
+    CUDA kernels, or (XLA_REFERENCE, why) where no native kernel takes the call. The lowering
+    acts on this answer; jax_flash.kernel_for reports it."""
+    op, cuda_kernel = _KERNELS[p]
+    if platform == "cpu":
+        return "cpu", None
+    if platform == "cuda":
+        name, reason = (None, None) if cuda_kernel is None else cuda_kernel(avals_in, config)
+        if reason is not None:
+            return XLA_REFERENCE, reason
+        return ("cuda" if name is None else f"cuda:{name}"), None
+    return XLA_REFERENCE, f"jax_flash has no kernel for platform {platform!r}"
+
+
 def register_lowerings(
     p: Primitive,
     op: str,
     attrs: Callable[..., dict],
     reference: Callable[..., list],
-    check_cuda: Callable | None = None,
+    cuda_kernel: Callable | None = None,
     aliases: dict[int, int] | None = None,
     *,
     partitioning: Partitioning,
@@ -48,10 +94,12 @@ def register_lowerings(
     mesh each device lowers its shard (see partitioning.py; call after def_abstract_eval).
 
     attrs(config) -> FFI attributes; reference(*args, config=...) -> list of results;
-    check_cuda(ctx, config) -> None, or why the CUDA kernels do not take this case: then
-    implementation=None runs `reference` (documented per op) and implementation="cuda" raises.
-    partitioning: p's sharding rule.
+    cuda_kernel(avals_in, config) -> (name, None): the CUDA kernel that takes this case (name
+    None for an op with one kernel), or (None, why) the CUDA kernels do not take it: then
+    implementation=None runs `reference` with a NativeFallbackWarning (documented per op) and
+    implementation="cuda" raises. partitioning: p's sharding rule.
     """
+    _KERNELS[p] = (op, cuda_kernel)
     sharded = partitioned(p, partitioning)
 
     def lower_reference_fn(ctx, *args, config):
@@ -73,10 +121,11 @@ def register_lowerings(
                         "time); reinstall with a CUDA compiler on PATH, or use "
                         "implementation='xla'"
                     )
-                reason = None if check_cuda is None else check_cuda(ctx, config)
+                _, reason = kernel_of(p, platform, ctx.avals_in, config)
                 if reason is not None:
                     if config.implementation == "cuda":
                         raise ValueError(f"jax_flash.{op}: {reason}; use implementation='xla'")
+                    warn_fallback(op, platform, reason)
                     return lower_reference_fn(ctx, *args, config=config)
             return target(ctx, *args, **attrs(config))
 
@@ -88,6 +137,8 @@ def register_lowerings(
                 f"jax_flash.{op}: implementation={config.implementation!r} has no kernel on this "
                 "platform; use implementation=None or 'xla'"
             )
+        platform = ", ".join(ctx.module_context.platforms)
+        warn_fallback(op, platform, f"jax_flash has no kernel for platform {platform!r}")
         return lower_reference_fn(ctx, *args, config=config)
 
     mlir.register_lowering(p, sharded(lower_reference))

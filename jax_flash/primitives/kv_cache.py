@@ -155,16 +155,16 @@ register_lowerings(
 MAX_QUANT_ROW_BYTES = _cpu.policy.ROPE_MAX_QUANT_ROW_BYTES
 
 
-def _rope_check_cuda(ctx, config):
-    k_new = ctx.avals_in[4]
+def _rope_cuda_kernel(avals_in, config):
+    k_new = avals_in[4]
     row = k_new.shape[2] * k_new.dtype.itemsize
     if config.scale_mode != 0 and row > MAX_QUANT_ROW_BYTES:
-        return (
+        return None, (
             f"the fused RoPE CUDA kernel takes head dims up to "
             f"{MAX_QUANT_ROW_BYTES // k_new.dtype.itemsize} ({k_new.dtype}) for a quantized "
             f"cache, got {k_new.shape[2]}"
         )
-    return None
+    return None, None
 
 
 register_lowerings(
@@ -172,7 +172,7 @@ register_lowerings(
     "append_kv_rope",
     _rope_attrs,
     _append_rope_reference,
-    check_cuda=_rope_check_cuda,
+    cuda_kernel=_rope_cuda_kernel,
     aliases=_ALIASES,
     partitioning=Partitioning(_append_rope_rule),
 )

@@ -104,14 +104,37 @@ def _attrs(config: PagedConfig) -> dict:
     }
 
 
-def _check_cuda(ctx, config):
-    q, _, v = ctx.avals_in[:3]
-    if not policy.paged_head_dim_supported(q.shape[3], v.shape[3]):
-        return (
-            f"the CUDA kernel takes head dims {policy.PAGED_HEAD_DIMS} with D == Dv, got "
-            f"D={q.shape[3]}, Dv={v.shape[3]}"
+# The CUDA kernels' names by policy::PagedChoice (cuda/include/jax_flash/policy/paged.h).
+_PAGED_KERNELS = {v: k for k, v in policy.PAGED_CHOICES.items()}
+
+
+def mma_supported(q_dtype, cache_dtype, scale_mode, head_dim, head_dim_v, cache_shape) -> bool:
+    """Whether the tensor-core kernel takes these dtypes and shapes (policy::paged_mma_supported;
+    cache_shape: k_pages' [num_pages, page_size, Hkv, D])."""
+    num_pages, page_size, hkv = cache_shape[:3]
+    return policy.paged_mma_supported(
+        jnp.dtype(q_dtype).name, jnp.dtype(cache_dtype).name, scale_mode, head_dim, head_dim_v,
+        num_pages, page_size, hkv,
+    )  # fmt: skip
+
+
+def _cuda_kernel(avals_in, config):
+    q, k, v = avals_in[:3]
+    d, dv = q.shape[3], v.shape[3]
+    mma_ok = mma_supported(q.dtype, k.dtype, config.scale_mode, d, dv, k.shape)
+    kernel = config._launch.kernel
+    choice = _PAGED_KERNELS[
+        policy.paged_kernel_choice(mma_ok, d, dv, policy.PAGED_KERNELS[kernel])
+    ]
+    if choice == "none":
+        asked = "" if kernel == "auto" else f" (kernel {kernel!r} was asked for)"
+        return None, (
+            f"no CUDA kernel takes q {jnp.dtype(q.dtype).name} with a "
+            f"{jnp.dtype(k.dtype).name} cache, D={d}, Dv={dv}{asked}: the tensor-core kernel "
+            f"takes float16 / bfloat16 q with D and Dv multiples of 16 up to 256, the CUDA-core "
+            f"kernel D == Dv in {policy.PAGED_HEAD_DIMS}"
         )
-    return None
+    return choice, None
 
 
 def _scales(config, k_scale, v_scale):
@@ -165,7 +188,7 @@ def _rule(config, shapes_in, shapes_out):
 
 
 register_lowerings(
-    paged_attention_p, "paged_attention", _attrs, _reference, _check_cuda,
+    paged_attention_p, "paged_attention", _attrs, _reference, _cuda_kernel,
     partitioning=Partitioning(_rule),
 )  # fmt: skip
 

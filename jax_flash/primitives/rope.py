@@ -7,6 +7,10 @@
 inv_freq is static (it comes from theta and the frequency scaling, Python values): it lives in
 the config and reaches the kernels as an FFI attribute, so vmap never has to batch it.
 Semantics: cuda/include/jax_flash/rope_params.h.
+
+Differentiation (w.r.t. x): RoPE is linear in x, so its JVP is RoPE of the tangent, and its
+transpose is the inverse rotation, RoPE at the negated positions (the kernels take any position;
+the angle ``-pos * inv_freq`` is the exact negation of ``pos * inv_freq``).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import reference
-from .._compat import NOT_MAPPED, ShapedArray, batching
+from .._compat import NOT_MAPPED, ShapedArray, ad, batching
 from ._common import make_primitive, register_lowerings
 from .partitioning import Partitioning, make_rule
 
@@ -86,3 +90,24 @@ def _batch(args, dims, *, config):
 
 
 batching.primitive_batchers[rope_p] = _batch
+
+
+def _jvp(primals, tangents, *, config):
+    x, positions = primals
+    tx, _ = tangents  # positions are integers: no tangent
+    out = rope_p.bind(x, positions, config=config)
+    if isinstance(tx, ad.Zero):
+        return out, [ad.Zero.from_primal_value(out[0])]
+    return out, rope_p.bind(tx, positions, config=config)
+
+
+def _transpose(cts, x, positions, *, config):
+    (ct,) = cts
+    if isinstance(ct, ad.Zero):
+        return [ad.Zero(x.aval), None]
+    (back,) = rope_p.bind(ct, -positions, config=config)
+    return [back, None]
+
+
+ad.primitive_jvps[rope_p] = _jvp
+ad.primitive_transposes[rope_p] = _transpose

@@ -14,6 +14,13 @@
 // (causal, sliding window, sequence length) are never visited. The softmax rescales O lazily
 // (only when a row max grows by more than 2^8 in weight).
 //
+// Head dims: the kernel is compiled for tile widths kHeadDim = 64, 128, 256. A call whose D and
+// Dv (multiples of 16, policy::flash_mma_head_dims_supported) are not both the tile's width runs
+// the padded variant (kPad) on the narrowest tile that holds them (policy::flash_mma_tile_dim):
+// rows are copied at their own width (Q and K at D, V at Dv) with the tile's other 16-byte
+// chunks zero-filled, Q K^T skips its k16 steps past D and P V its column pairs past Dv, and
+// only Dv columns are stored. The exact variant (D == Dv == the tile) has none of these checks.
+//
 // Scheduling: grid.x enumerates the query tiles of all sequences in order (sequence b owns
 // ceil(q_len_b / BlockM) consecutive tiles, heavy causal tiles first), grid.y/z the query heads.
 // grid.x = ceil(total_q / BlockM) + batch bounds the tile count when sequences do not overlap;
@@ -33,21 +40,22 @@
 #include "jax_flash/flash_attention_common.cuh"
 #include "jax_flash/flash_params.h"
 #include "jax_flash/mma_sync.cuh"
+#include "jax_flash/policy/flash.h"
 
 namespace jax_flash {
 
 // The parameters this kernel computes exactly as the contract says; the dispatcher sends all
 // others to the SIMT kernel.
-//  - dtype float16 or bfloat16; head_dim == head_dim_v in {64, 128, 256};
+//  - policy::flash_kernel_choice picks it: dtype float16 or bfloat16; head_dim, head_dim_v
+//    multiples of 16 up to 256; softmax_scale finite, and > 0 unless softcap > 0 (the running
+//    max is kept in unscaled units); softcap finite (softcap <= 0 means off);
 //  - num_heads >= 1, num_heads_k >= 1, num_heads % num_heads_k == 0;
 //  - q, k, v, o 16-byte aligned and every row stride a multiple of 8 elements (16-byte cp.async
-//    and stores); lse 4-byte aligned (or null: then no lse is written);
-//  - softmax_scale finite, and > 0 unless softcap > 0 (the running max is kept in unscaled units);
-//    softcap finite (softcap <= 0 means off).
+//    and stores); lse 4-byte aligned (or null: then no lse is written).
 inline bool flash_attention_mma_supported(const FlashParams& p) {
-  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return false;
-  if (p.head_dim != p.head_dim_v) return false;
-  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return false;
+  if (policy::flash_kernel_choice(p.dtype, p.head_dim, p.head_dim_v, p.softmax_scale,
+                                  p.softcap) != policy::FlashChoice::kTensorCore)
+    return false;
   if (p.num_heads < 1 || p.num_heads_k < 1 || p.num_heads % p.num_heads_k != 0) return false;
   auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.o)) return false;
@@ -55,8 +63,6 @@ inline bool flash_attention_mma_supported(const FlashParams& p) {
   if (p.q_row_stride % 8 != 0 || p.k_row_stride % 8 != 0 || p.v_row_stride % 8 != 0 ||
       p.o_row_stride % 8 != 0)
     return false;
-  if (!std::isfinite(p.softmax_scale) || !std::isfinite(p.softcap)) return false;
-  if (!(p.softcap > 0.f) && !(p.softmax_scale > 0.f)) return false;
   return true;
 }
 
@@ -134,20 +140,23 @@ __device__ __forceinline__ float softcap_tanh(float x) {
 
 // Copies rows [row0, row0 + kRows) of a head's [rows, kHeadDim] slice g (row stride `stride`
 // elements) into a swizzled shared tile. With kGuard, rows >= valid_rows are zero-filled and not
-// read (their source address is row 0's; valid_rows > 0); without, all rows must be valid.
-// Thread tid copies chunk tid % kChunks of rows tid / kChunks + i * kLoadRowsPerPass.
-template <class Tr, int kRows, bool kGuard, typename T>
+// read (their source address is row 0's; valid_rows > 0); without, all rows must be valid. With
+// kPad, a row holds row_chunks 16-byte chunks (its head dim / 8) and the tile's others are
+// zero-filled without reading. Thread tid copies chunk tid % kChunks of rows tid / kChunks +
+// i * kLoadRowsPerPass.
+template <class Tr, int kRows, bool kGuard, bool kPad, typename T>
 __device__ __forceinline__ void load_tile(uint32_t s_tile, const T* g, int64_t stride, int row0,
-                                          int valid_rows, int tid) {
+                                          int valid_rows, int row_chunks, int tid) {
   const int c = tid % Tr::kChunks;
   const int r = tid / Tr::kChunks;
+  const bool c_ok = !kPad || c < row_chunks;
   const T* row0_src = g + static_cast<uint32_t>(c * 8);  // unsigned: no sign-extension word
   const T* src = row0_src + static_cast<int64_t>(row0 + r) * stride;
   const int64_t step = stride * Tr::kLoadRowsPerPass;
   const int left = valid_rows - row0 - r;
 #pragma unroll
   for (int i = 0; i < kRows / Tr::kLoadRowsPerPass; ++i) {
-    const bool ok = !kGuard || i * Tr::kLoadRowsPerPass < left;
+    const bool ok = (!kGuard || i * Tr::kLoadRowsPerPass < left) && c_ok;
     cp_async_16(s_tile + swizzle<Tr::kChunks>(r + i * Tr::kLoadRowsPerPass, c),
                 ok ? src : row0_src, ok);
     src += step;
@@ -207,10 +216,13 @@ __device__ __forceinline__ bool find_tile(const FlashParams& p, int64_t tile, Ti
   return false;
 }
 
-template <typename T, class Tr, bool kSoftcap>
+template <typename T, class Tr, bool kSoftcap, bool kPad>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
     flash_fwd_mma_kernel(const __grid_constant__ FlashParams p) {
-  constexpr int D = Tr::kHeadDim;
+  constexpr int D = Tr::kHeadDim;  // the tile width
+  // The call's head dims: the tile's with !kPad, else D >= head_dim, head_dim_v (multiples of 16).
+  const int dk = kPad ? p.head_dim : D;
+  const int dv = kPad ? p.head_dim_v : D;
   constexpr int BM = Tr::kBlockM;
   constexpr int BN = Tr::kBlockN;
   constexpr int kMT = Tr::kMTiles;
@@ -281,13 +293,14 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
 
     const T* q_ptr = static_cast<const T*>(p.q) +
                      static_cast<int64_t>(e.q_start) * p.q_row_stride +
-                     static_cast<int64_t>(head) * D;
+                     static_cast<int64_t>(head) * dk;
     // GQA: query head h reads kv head h / (Hq / Hkv). Computed per tile through opaque():
     // hoisted out of the tile loop, it would be held (or spilled) across the main loop.
     const int kv_head = opaque(head) / (opaque(p.num_heads) / p.num_heads_k);
-    const int64_t kv_head_off = static_cast<int64_t>(kv_head) * D;
-    const int64_t k_off = static_cast<int64_t>(e.k_start) * p.k_row_stride + kv_head_off;
-    const int64_t v_off = static_cast<int64_t>(e.k_start) * p.v_row_stride + kv_head_off;
+    const int64_t k_off = static_cast<int64_t>(e.k_start) * p.k_row_stride +
+                          static_cast<int64_t>(kv_head) * dk;
+    const int64_t v_off = static_cast<int64_t>(e.k_start) * p.v_row_stride +
+                          static_cast<int64_t>(kv_head) * dv;
     if (tid == 0) {
       st->k_off = k_off;
       st->v_off = v_off;
@@ -316,11 +329,13 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
     }
 
     if (n_last >= n_first) {
-      load_tile<Tr, BM, true>(sQ, q_ptr, p.q_row_stride, m0, e.q_len, tid);
-      load_tile<Tr, BN, true>(sK, k_head + k_off, p.k_row_stride, n_last * BN, e.k_len, tid);
+      load_tile<Tr, BM, true, kPad>(sQ, q_ptr, p.q_row_stride, m0, e.q_len, dk / 8, tid);
+      load_tile<Tr, BN, true, kPad>(sK, k_head + k_off, p.k_row_stride, n_last * BN, e.k_len,
+                                    dk / 8, tid);
       cp_async_commit();
       if constexpr (Tr::kStages == 2) {
-        load_tile<Tr, BN, true>(sV, v_head + v_off, p.v_row_stride, n_last * BN, e.k_len, tid);
+        load_tile<Tr, BN, true, kPad>(sV, v_head + v_off, p.v_row_stride, n_last * BN, e.k_len,
+                                      dv / 8, tid);
         cp_async_commit();
       }
 
@@ -337,13 +352,14 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
           cp_async_wait<1>();
           __syncthreads();
           if (n > st->n_first)
-            load_tile<Tr, BN, false>(sK + (stage ^ 1) * Tr::kSmemKV, k_head + st->k_off,
-                                     p.k_row_stride, n0 - BN, 0, tid);
+            load_tile<Tr, BN, false, kPad>(sK + (stage ^ 1) * Tr::kSmemKV, k_head + st->k_off,
+                                           p.k_row_stride, n0 - BN, 0, dk / 8, tid);
           cp_async_commit();
         } else {
           cp_async_wait<0>();
           __syncthreads();
-          load_tile<Tr, BN, true>(sV, v_head + st->v_off, p.v_row_stride, n0, st->k_len, tid);
+          load_tile<Tr, BN, true, kPad>(sV, v_head + st->v_off, p.v_row_stride, n0, st->k_len,
+                                        dv / 8, tid);
           cp_async_commit();
         }
 
@@ -359,6 +375,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
         }
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
+          if (kPad && kk * 16 >= dk) break;  // the tile's columns past D are zero
           uint32_t qa[kMT][4];
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt)
@@ -416,14 +433,15 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
           cp_async_wait<1>();
           __syncthreads();
           if (n > st->n_first)
-            load_tile<Tr, BN, false>(sV + (stage ^ 1) * Tr::kSmemKV, v_head + st->v_off,
-                                     p.v_row_stride, n0 - BN, 0, tid);
+            load_tile<Tr, BN, false, kPad>(sV + (stage ^ 1) * Tr::kSmemKV, v_head + st->v_off,
+                                           p.v_row_stride, n0 - BN, 0, dv / 8, tid);
           cp_async_commit();
         } else {
           cp_async_wait<0>();
           __syncthreads();
           if (n > st->n_first)
-            load_tile<Tr, BN, false>(sK, k_head + st->k_off, p.k_row_stride, n0 - BN, 0, tid);
+            load_tile<Tr, BN, false, kPad>(sK, k_head + st->k_off, p.k_row_stride, n0 - BN, 0,
+                                           dk / 8, tid);
           cp_async_commit();
         }
 
@@ -519,6 +537,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
         for (int kk = 0; kk < BN / 16; ++kk) {
 #pragma unroll
           for (int dp = 0; dp < kDT / 2; ++dp) {
+            if (kPad && dp * 16 >= dv) break;  // output columns past Dv are never stored
             uint32_t vb[4];
             ldmatrix_x4_trans(vb, chunk_pair(sV_dep, dp) + kk * 16 * kRowBytes);
 #pragma unroll
@@ -565,13 +584,13 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
     __syncwarp();
     T* o_ptr = static_cast<T*>(p.o) +
                static_cast<int64_t>(e.q_start + m0 + warp_row0) * p.o_row_stride +
-               static_cast<int64_t>(head) * D;
+               static_cast<int64_t>(head) * dv;
 #pragma unroll
     for (int i = 0; i < Tr::kWarpRows * Tr::kChunks / 32; ++i) {
       const int idx = lane + 32 * i;
       const int r = idx / Tr::kChunks;
       const int c = idx % Tr::kChunks;
-      if (m0 + warp_row0 + r < e.q_len) {
+      if (m0 + warp_row0 + r < e.q_len && (!kPad || c < dv / 8)) {
         const uint4 v = ld_shared_v4(sO + swizzle<Tr::kChunks>(warp_row0 + r, c));
         *reinterpret_cast<uint4*>(o_ptr + static_cast<int64_t>(r) * p.o_row_stride + c * 8) = v;
       }
@@ -583,13 +602,13 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
 
 // Launches one tile configuration. Returns cudaSuccess without a launch when there is nothing
 // to compute (no sequence, no query row, no head).
-template <typename T, class Tr, bool kSoftcap>
+template <typename T, class Tr, bool kSoftcap, bool kPad>
 cudaError_t launch_flash_mma(const FlashParams& p, cudaStream_t stream) {
   if (p.batch <= 0 || p.total_q <= 0 || p.num_heads <= 0) return cudaSuccess;
-  auto kernel = flash_fwd_mma_kernel<T, Tr, kSoftcap>;
+  auto kernel = flash_fwd_mma_kernel<T, Tr, kSoftcap, kPad>;
 
   // The shared-memory limit is a per-device function attribute: set once per device.
-  cudaError_t err = ensure_smem_attrs<flash_fwd_mma_kernel<T, Tr, kSoftcap>>(Tr::kSmemBytes);
+  cudaError_t err = ensure_smem_attrs<flash_fwd_mma_kernel<T, Tr, kSoftcap, kPad>>(Tr::kSmemBytes);
   if (err != cudaSuccess) return err;
 
   int64_t tiles = (static_cast<int64_t>(p.total_q) + Tr::kBlockM - 1) / Tr::kBlockM + p.batch;
@@ -602,8 +621,9 @@ cudaError_t launch_flash_mma(const FlashParams& p, cudaStream_t stream) {
 
 }  // namespace mma_detail
 
-// Fused attention for p.head_dim == p.head_dim_v == kHeadDim, T = __half or __nv_bfloat16,
-// params accepted by flash_attention_mma_supported. Writes o and lse for every row that some
+// Fused attention on the tile width kHeadDim = policy::flash_mma_tile_dim(p.head_dim,
+// p.head_dim_v) (the padded variant unless both equal it), T = __half or __nv_bfloat16, params
+// accepted by flash_attention_mma_supported. Writes o and lse for every row that some
 // sequence owns (rows past max_seqlen_q excepted); other rows are left to fill_uncovered.
 // Asynchronous on `stream`; never synchronizes or allocates.
 template <typename T, int kHeadDim>
@@ -611,8 +631,13 @@ cudaError_t run_flash_attention_mma(const FlashParams& p, cudaStream_t stream) {
   static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>,
                 "float16 or bfloat16");
   using Tr = typename mma_detail::DefaultTraits<kHeadDim>::type;
-  if (p.softcap > 0.f) return mma_detail::launch_flash_mma<T, Tr, true>(p, stream);
-  return mma_detail::launch_flash_mma<T, Tr, false>(p, stream);
+  const bool pad = p.head_dim != kHeadDim || p.head_dim_v != kHeadDim;
+  if (pad) {
+    if (p.softcap > 0.f) return mma_detail::launch_flash_mma<T, Tr, true, true>(p, stream);
+    return mma_detail::launch_flash_mma<T, Tr, false, true>(p, stream);
+  }
+  if (p.softcap > 0.f) return mma_detail::launch_flash_mma<T, Tr, true, false>(p, stream);
+  return mma_detail::launch_flash_mma<T, Tr, false, false>(p, stream);
 }
 
 // Instantiated once each in the files flash_attention_mma_{f16,bf16}_d{64,128,256}.cu that

@@ -30,7 +30,8 @@
 // order: deterministic), launched as a programmatic dependent launch on sm_90+.
 //
 // 16-bit q with a cache of q's dtype or an int8 / e4m3 cache goes to the tensor-core kernel of
-// paged_attention_mma.cuh instead (policy::paged_use_mma; it shares the page-table, bad-data and
+// paged_attention_mma.cuh instead (policy::paged_kernel_choice; it also takes head dims other
+// than 64 / 128 / 256 and D != Dv on a padded tile; it shares the page-table, bad-data and
 // output helpers, the prologue and epilogue steps and the merge).
 //
 // The parts, one job each:
@@ -42,7 +43,8 @@
 //   paged/launch.cuh     programmatic dependent launch
 //   policy/paged.h, policy/limits.h  kernel choice, split count, head dims, limits (host-only;
 //                        also the `_cpu` module's `policy`, which Python calls)
-//   this file            the launcher per (q dtype, cache dtype, head dim) and the type dispatch
+//   this file            the CUDA-core launcher per (q dtype, cache dtype, head dim) and the
+//                        dispatch (kernel, types, head dim or tile width)
 //
 // No XLA headers here.
 #pragma once
@@ -72,23 +74,25 @@ inline bool paged_mma_supported(const PagedAttentionParams& p) {
          reinterpret_cast<uintptr_t>(p.q) % 16 == 0;
 }
 
+// The kernel that runs p (policy::paged_kernel_choice).
+inline policy::PagedChoice paged_kernel_choice(const PagedAttentionParams& p) {
+  return policy::paged_kernel_choice(paged_mma_supported(p), p.head_dim, p.head_dim_v,
+                                     p.launch.kernel);
+}
+
 // Defined in paged_attention_mma.cuh, instantiated by cuda/src/instantiations.cmake. T: q's
-// type (__half, __nv_bfloat16); TC: the cache's (T, int8_t or __nv_fp8_e4m3).
+// type (__half, __nv_bfloat16); D: the tile width (policy::paged_mma_tile_dim); TC: the
+// cache's type (T, int8_t or __nv_fp8_e4m3).
 template <typename T, int D, typename TC = T>
 cudaError_t launch_paged_attention_mma(const PagedAttentionParams& p, cudaStream_t stream);
 
-// Paged decode attention for one (q dtype, cache element type, head dim); D == Dv. TC is
-// float, __half, __nv_bfloat16 (equal to TQ), int8_t or __nv_fp8_e4m3. The kernel: the
-// tensor-core one where policy::paged_use_mma says so, else the CUDA-core one with MT query rows
-// per CTA (policy::paged_rows_per_cta). Asynchronous on `stream`; never synchronizes or
-// allocates; returns the launch status.
+// Paged decode attention on the CUDA-core kernel for one (q dtype, cache element type, head
+// dim); D == Dv. TC is float, __half, __nv_bfloat16 (equal to TQ), int8_t or __nv_fp8_e4m3. MT
+// query rows per CTA (policy::paged_rows_per_cta). Asynchronous on `stream`; never synchronizes
+// or allocates; returns the launch status.
 template <typename TQ, typename TC, int D>
 cudaError_t launch_paged_attention(const PagedAttentionParams& p, cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(p.num_heads / p.num_heads_k) * p.seqlen_q;
-  if constexpr (sizeof(TQ) == 2 && (std::is_same_v<TQ, TC> || sizeof(TC) == 1)) {
-    if (policy::paged_use_mma(paged_mma_supported(p), p.launch.kernel))
-      return launch_paged_attention_mma<TQ, D, TC>(p, stream);
-  }
   switch (policy::paged_rows_per_cta(rows)) {
     case 4: return launch_paged_attention_mt<TQ, TC, D, 4>(p, stream);
     case 8: return launch_paged_attention_mt<TQ, TC, D, 8>(p, stream);
@@ -135,8 +139,19 @@ JAX_FLASH_PAGED_MMA_FOR_EACH(JAX_FLASH_PAGED_MMA_DECLARE)
 
 namespace paged {
 
+// The tensor-core kernel on its tile width where paged_kernel_choice picks it (16-bit q with a
+// cache of q's type or an 8-bit one), else the CUDA-core kernel of the head dim.
 template <typename TQ, typename TC>
 cudaError_t dispatch_head_dim(const PagedAttentionParams& p, cudaStream_t stream) {
+  if constexpr (sizeof(TQ) == 2 && (std::is_same_v<TQ, TC> || sizeof(TC) == 1)) {
+    if (paged_kernel_choice(p) == policy::PagedChoice::kTensorCore) {
+      switch (policy::paged_mma_tile_dim(p.head_dim, p.head_dim_v)) {
+        case 64: return launch_paged_attention_mma<TQ, 64, TC>(p, stream);
+        case 128: return launch_paged_attention_mma<TQ, 128, TC>(p, stream);
+        default: return launch_paged_attention_mma<TQ, 256, TC>(p, stream);
+      }
+    }
+  }
   switch (p.head_dim) {
     case 64: return launch_paged_attention<TQ, TC, 64>(p, stream);
     case 128: return launch_paged_attention<TQ, TC, 128>(p, stream);
@@ -162,15 +177,13 @@ cudaError_t dispatch_cache(const PagedAttentionParams& p, cudaStream_t stream) {
 
 }  // namespace paged
 
-// True when the CUDA kernels take these parameters (head dims, D == Dv, a cache dtype that
-// matches q or is int8 / e4m3 with a scale mode), and the tensor-core kernel takes them where
-// p.launch asks for it.
+// True when a CUDA kernel takes these parameters (paged_kernel_choice: head dims, the kernel
+// p.launch asks for) with a cache dtype that matches q or is int8 / e4m3 with a scale mode.
 inline bool paged_attention_cuda_supported(const PagedAttentionParams& p) {
   const bool quant = p.cache_dtype == CacheDType::kInt8 || p.cache_dtype == CacheDType::kFloat8E4M3;
-  return policy::paged_head_dim_supported(p.head_dim, p.head_dim_v) && p.num_heads_k > 0 &&
-         p.num_heads % p.num_heads_k == 0 && p.page_size >= 1 && p.num_splits >= 1 &&
-         (quant == (p.scale_mode != ScaleMode::kNone)) &&
-         (p.launch.kernel != PagedKernel::kTensorCore || paged::paged_mma_supported(p));
+  return p.num_heads_k > 0 && p.num_heads % p.num_heads_k == 0 && p.page_size >= 1 &&
+         p.num_splits >= 1 && (quant == (p.scale_mode != ScaleMode::kNone)) &&
+         paged::paged_kernel_choice(p) != policy::PagedChoice::kNone;
 }
 
 // Paged decode attention (and the split-KV merge when p.num_splits > 1) on `stream`.

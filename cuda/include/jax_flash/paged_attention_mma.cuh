@@ -1,9 +1,17 @@
 // Paged decode attention on tensor cores (mma.sync m16n8k16, float32 accumulation) for float16 /
 // bfloat16 q with a cache of q's dtype or an 8-bit cache (int8 / float8 e4m3, per-head or
-// per-token scales), head dims 64, 128, 256. The contract is paged_params.h's; the dispatch in
-// paged_attention.cuh sends every call it supports here (policy::paged_use_mma, unless the call
-// asks for the CUDA-core kernel): faster than the CUDA-core kernel from one query row per kv head
-// (MHA) on, as its float32 FMAs bound that kernel's speed.
+// per-token scales), head dims D and Dv multiples of 16 up to 256 (D != Dv too). The contract is
+// paged_params.h's; the dispatch in paged_attention.cuh sends every call it supports here
+// (policy::paged_kernel_choice, unless the call asks for the CUDA-core kernel): faster than the
+// CUDA-core kernel from one query row per kv head (MHA) on, as its float32 FMAs bound that
+// kernel's speed.
+//
+// The kernel is compiled for tile widths D = 64, 128, 256 (the template's D) and runs a call on
+// the narrowest tile that holds max(p.head_dim, p.head_dim_v) (policy::paged_mma_tile_dim): K
+// rows are copied at their width p.head_dim, V rows at p.head_dim_v, q at p.head_dim; the
+// tile's chunks past them are zeroed once in shared memory and never copied into, so Q K^T and
+// P V over those columns add zeros, and only p.head_dim_v output columns are stored. The memory
+// traffic is that of the call's own head dims.
 //
 // One CTA of 4 warps per (sequence, kv head, split, chunk of 16 query rows): the group's rows
 // m = i * G + g (query position i, head g of the group), as in the CUDA-core kernel; rows past
@@ -277,7 +285,8 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
   const int t = lane & 3;   // C-fragment column pair
 
   const PagedCta cta = paged_cta<kRows>(p, num_chunks);
-  if (paged_reject_bad_klen<T, D, kNT>(p, cta, tid)) return;
+  const int dk = p.head_dim, dv = p.head_dim_v;  // <= D (a padded tile when below)
+  if (paged_reject_bad_klen<T, kNT>(p, dv, cta, tid)) return;
   // ---- key range of this CTA: the union of its rows' visible keys within the split ----
   const PagedKeyRange kr = paged_key_range<kTK>(p, cta);
   const int32_t kb = kr.kb, ke = kr.ke;
@@ -325,11 +334,24 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
             : 0u;
   };
 #pragma nv_diag_default 549
-  // This thread's 16-byte chunk of a cache row: K at kbase + row * kRB, V at vbase + row * kRB.
+  // This thread's 16-byte chunk of a cache row: K at kbase + row * k_rb, V at vbase + row * v_rb
+  // (the cache's row widths); a chunk past a row's width (a padded tile) is never copied.
   const int cp_c = tid % kCh;
   const int cp_r0 = tid / kCh;
+  const uint32_t k_rb = static_cast<uint32_t>(dk) * sizeof(TC);
+  const uint32_t v_rb = static_cast<uint32_t>(dv) * sizeof(TC);
+  const bool k_on = static_cast<uint32_t>(cp_c << 4) < k_rb;
+  const bool v_on = static_cast<uint32_t>(cp_c << 4) < v_rb;
   const uint64_t kbase = reinterpret_cast<uint64_t>(p.k_pages) + (cp_c << 4);
-  const uint64_t v_minus_k = reinterpret_cast<uint64_t>(p.v_pages) - reinterpret_cast<uint64_t>(p.k_pages);
+  const uint64_t vbase = reinterpret_cast<uint64_t>(p.v_pages) + (cp_c << 4);
+  // Byte offset in a K (V) tile of this thread's chunk of tile row r.
+  auto tile_off = [&](int r) -> uint32_t {
+    if constexpr (kQ8) {
+      return r * kRB + ((cp_c ^ C::q8_swz(r)) << 4);
+    } else {
+      return mma_detail::swizzle<kCh>(r, cp_c);
+    }
+  };
   // Copies K and V of tile n, whose row indices are in slot n % kS, into stage n % kS; rows
   // past the key range are zero-filled without reading.
   auto issue = [&](int n) {
@@ -344,16 +366,10 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
     for (int i = 0; i < C::kPasses; ++i) {
       const int r = cp_r0 + i * C::kRowsPerPass;
       const uint32_t ri = rows[r];
-      uint32_t dst;
-      if constexpr (kQ8) {
-        dst = r * kRB + ((cp_c ^ C::q8_swz(r)) << 4);
-      } else {
-        dst = mma_detail::swizzle<kCh>(r, cp_c);
-      }
+      const uint32_t dst = tile_off(r);
       const bool zero = r >= nvalid;
-      const uint64_t ka = reinterpret_cast<uint64_t>(mad_wide(ri, kRB, kbase));
-      cp_async16_zfill(kdst + dst, reinterpret_cast<const void*>(ka), zero);
-      cp_async16_zfill(vdst + dst, reinterpret_cast<const void*>(ka + v_minus_k), zero);
+      if (k_on) cp_async16_zfill(kdst + dst, mad_wide(ri, k_rb, kbase), zero);
+      if (v_on) cp_async16_zfill(vdst + dst, mad_wide(ri, v_rb, vbase), zero);
     }
     if (per_token && tid < kTK) {
       const uint32_t ri = rows[tid];
@@ -375,10 +391,10 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
     const int idx = tid + k * kNT;
     const int r = idx / kQCh;
     const int c = idx % kQCh;
-    qv[k] = make_uint4(0u, 0u, 0u, 0u);
-    if (r < cta.mvalid)
+    qv[k] = make_uint4(0u, 0u, 0u, 0u);  // padding rows, and columns past dk (a padded tile)
+    if (r < cta.mvalid && 8 * c < dk)
       qv[k] = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(p.q) +
-                                                   paged_q_offset<D>(p, cta, cta.m0 + r, 8 * c)));
+                                                   paged_q_offset(p, dk, cta, cta.m0 + r, 8 * c)));
   }
   paged_place_first_rows<kS, kTK>(tid, ntiles, ref0, pf, store_row);
   // 8-bit caches with bfloat16 q: Q K^T runs in float16 on Q * 2^-q_sh, with 2^(q_sh + 15) the
@@ -425,6 +441,17 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
       }
     } else {
       *reinterpret_cast<uint4*>(q_s + mma_detail::swizzle<kQCh>(r, c)) = qv[k];
+    }
+  }
+  if (!k_on || !v_on) {  // a padded tile: this thread's chunk past D (Dv) is zero in every stage
+#pragma unroll
+    for (int st = 0; st < kS; ++st) {
+#pragma unroll
+      for (int i = 0; i < C::kPasses; ++i) {
+        unsigned char* kdst = ring + st * C::kStageBytes + tile_off(cp_r0 + i * C::kRowsPerPass);
+        if (!k_on) *reinterpret_cast<uint4*>(kdst) = make_uint4(0u, 0u, 0u, 0u);
+        if (!v_on) *reinterpret_cast<uint4*>(kdst + C::kTileBytes) = make_uint4(0u, 0u, 0u, 0u);
+      }
     }
   }
   __syncthreads();
@@ -758,7 +785,7 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
   }
   // also: every warp is done with the ring (red_s overlays it) and every copy has landed
   if (__syncthreads_or(bad)) {
-    paged_store_nan<T, D, kNT>(p, cta, tid);
+    paged_store_nan<T, kNT>(p, dv, cta, tid);
     return;
   }
 #pragma unroll
@@ -789,14 +816,14 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
     }
   }
   __syncthreads();
-  paged_store_rows<T, D, C::kWarps, kRows, C::kRedStride, kNT>(p, cta, tid, red_s, fm_s, fl_s,
-                                                               vscale_head);
+  paged_store_rows<T, C::kWarps, kRows, C::kRedStride, kNT>(p, dv, cta, tid, red_s, fm_s, fl_s,
+                                                            vscale_head);
 }
 
 // Paged decode attention on tensor cores (and the split-KV merge when num_splits > 1) for q of
-// type T (__half or __nv_bfloat16) and a cache of type TC (T, int8_t or __nv_fp8_e4m3), D == Dv
-// == head dim; parameters accepted by paged_mma_supported. Asynchronous on `stream`; never
-// synchronizes or allocates.
+// type T (__half or __nv_bfloat16) and a cache of type TC (T, int8_t or __nv_fp8_e4m3) on the
+// tile width D = policy::paged_mma_tile_dim(head_dim, head_dim_v); parameters accepted by
+// paged_mma_supported. Asynchronous on `stream`; never synchronizes or allocates.
 template <typename T, int D, typename TC>
 cudaError_t launch_paged_attention_mma(const PagedAttentionParams& p, cudaStream_t stream) {
   static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>,

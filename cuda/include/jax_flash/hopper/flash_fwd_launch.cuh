@@ -20,21 +20,23 @@
 #include "jax_flash/hopper/flash_fwd_kernel.cuh"
 #include "jax_flash/hopper/tile_config.cuh"
 #include "jax_flash/launch.cuh"
+#include "jax_flash/policy/flash.h"
 
 namespace jax_flash {
 
 // The calls the Hopper kernel computes exactly as the contract says:
 //  - an sm_90a build on a compute capability 9.0 device;
-//  - dtype float16 or bfloat16; head_dim == head_dim_v in {64, 128, 256};
+//  - the tensor-core choice of policy/flash.h (dtype, scales) with the head dims of
+//    policy::flash_hopper_head_dims_supported (D == Dv in {64, 128, 256});
 //  - num_heads % num_heads_k == 0; total_k > 0;
 //  - q, k, v, o 16-byte aligned, row strides multiples of 8 elements (TMA's 16-byte strides);
-//    lse 4-byte aligned or null;
-//  - softmax_scale finite, and > 0 unless softcap > 0; softcap finite.
+//    lse 4-byte aligned or null.
 inline bool flash_attention_hopper_supported(const FlashParams& p) {
 #if defined(JAX_FLASH_HAS_SM90A)
-  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return false;
-  if (p.head_dim != p.head_dim_v) return false;
-  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return false;
+  if (policy::flash_kernel_choice(p.dtype, p.head_dim, p.head_dim_v, p.softmax_scale,
+                                  p.softcap) != policy::FlashChoice::kTensorCore ||
+      !policy::flash_hopper_head_dims_supported(p.head_dim, p.head_dim_v))
+    return false;
   if (p.num_heads < 1 || p.num_heads_k < 1 || p.num_heads % p.num_heads_k != 0) return false;
   if (p.total_k <= 0 || p.total_q <= 0) return false;
   auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
@@ -43,8 +45,6 @@ inline bool flash_attention_hopper_supported(const FlashParams& p) {
   if (p.q_row_stride % 8 != 0 || p.k_row_stride % 8 != 0 || p.v_row_stride % 8 != 0 ||
       p.o_row_stride % 8 != 0)
     return false;
-  if (!std::isfinite(p.softmax_scale) || !std::isfinite(p.softcap)) return false;
-  if (!(p.softcap > 0.f) && !(p.softmax_scale > 0.f)) return false;
   int dev = 0, major = 0, minor = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return false;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||

@@ -106,17 +106,18 @@ __device__ __forceinline__ int paged_block_table_bad(const PagedAttentionParams&
 
 // Stores 4 output columns [4 * q4, 4 * q4 + 4) of group row gm (query position gm / G, head
 // kvh * G + gm % G) of sequence b, and its LSE when write_lse: to o / lse, or with split-KV to
-// this split's o_partial / lse_partial.
-template <typename TQ, int D>
-__device__ __forceinline__ void paged_store_out(const PagedAttentionParams& p, int b, int kvh,
-                                                int split, int G, int gm, int q4, float4 v,
-                                                bool write_lse, float lse) {
+// this split's o_partial / lse_partial. dv: the output's head dim (p.head_dim_v; a kernel that
+// knows it at compile time passes the constant).
+template <typename TQ>
+__device__ __forceinline__ void paged_store_out(const PagedAttentionParams& p, int dv, int b,
+                                                int kvh, int split, int G, int gm, int q4,
+                                                float4 v, bool write_lse, float lse) {
   const int i = gm / G;
   const int h = kvh * G + (gm - i * G);
   const int Sq = p.seqlen_q, Hq = p.num_heads;
   const bool split_out = p.num_splits > 1;
   const int64_t bb = split_out ? static_cast<int64_t>(split) * p.batch + b : b;
-  const int64_t o_off = ((bb * Sq + i) * Hq + h) * D + 4 * q4;
+  const int64_t o_off = ((bb * Sq + i) * Hq + h) * dv + 4 * q4;
   const int64_t l_off = (bb * Hq + h) * Sq + i;
   if (split_out) {
     *reinterpret_cast<float4*>(p.o_partial + o_off) = v;
@@ -160,26 +161,27 @@ __device__ __forceinline__ PagedCta paged_cta(const PagedAttentionParams& p, int
   return c;
 }
 
-// NaN in every output column and LSE of the CTA's rows (a sequence with bad data), by kNT
-// threads.
-template <typename TQ, int D, int kNT>
-__device__ __forceinline__ void paged_store_nan(const PagedAttentionParams& p, const PagedCta& c,
-                                                int tid) {
+// NaN in every output column (dv of them) and LSE of the CTA's rows (a sequence with bad data),
+// by kNT threads.
+template <typename TQ, int kNT>
+__device__ __forceinline__ void paged_store_nan(const PagedAttentionParams& p, int dv,
+                                                const PagedCta& c, int tid) {
   const float nan = qnan();
-  for (int idx = tid; idx < c.mvalid * (D / 4); idx += kNT) {
-    const int q4 = idx % (D / 4);
-    paged_store_out<TQ, D>(p, c.b, c.kvh, c.split, c.G, c.m0 + idx / (D / 4), q4,
-                           make_float4(nan, nan, nan, nan), q4 == 0, nan);
+  const int dq = dv / 4;
+  for (int idx = tid; idx < c.mvalid * dq; idx += kNT) {
+    const int q4 = idx % dq;
+    paged_store_out<TQ>(p, dv, c.b, c.kvh, c.split, c.G, c.m0 + idx / dq, q4,
+                        make_float4(nan, nan, nan, nan), q4 == 0, nan);
   }
 }
 
 // A kv length outside [0, max_pages * page_size] makes the whole sequence bad: NaN in the CTA's
 // rows, and true (the kernel returns; klen is the same for every thread: no barrier needed).
-template <typename TQ, int D, int kNT>
-__device__ __forceinline__ bool paged_reject_bad_klen(const PagedAttentionParams& p,
+template <typename TQ, int kNT>
+__device__ __forceinline__ bool paged_reject_bad_klen(const PagedAttentionParams& p, int dv,
                                                       const PagedCta& c, int tid) {
   if (!paged_klen_bad(p, c.klen)) return false;
-  paged_store_nan<TQ, D, kNT>(p, c, tid);
+  paged_store_nan<TQ, kNT>(p, dv, c, tid);
   return true;
 }
 
@@ -216,14 +218,13 @@ __device__ __forceinline__ void paged_row_visible(const PagedAttentionParams& p,
   if (r < c.mvalid) paged_visible(p, c.klen, (c.m0 + r) / c.G, lo, hi);
 }
 
-// Element offset in q of column `col` of group row gm (query position gm / G, head
-// kvh * G + gm % G).
-template <int D>
-__device__ __forceinline__ int64_t paged_q_offset(const PagedAttentionParams& p,
+// Element offset in q (head dim d: p.head_dim, or its compile-time value) of column `col` of
+// group row gm (query position gm / G, head kvh * G + gm % G).
+__device__ __forceinline__ int64_t paged_q_offset(const PagedAttentionParams& p, int d,
                                                   const PagedCta& c, int gm, int col) {
   const int i = gm / c.G;
   const int h = c.kvh * c.G + (gm - i * c.G);
-  return ((static_cast<int64_t>(c.b) * p.seqlen_q + i) * p.num_heads + h) * D + col;
+  return ((static_cast<int64_t>(c.b) * p.seqlen_q + i) * p.num_heads + h) * d + col;
 }
 
 // Places the rows of the first kS tiles (those < ntiles) into the slots of the page-table ring
@@ -280,17 +281,19 @@ __device__ __forceinline__ float paged_final_sum(const float* wm_s, const float*
   return l;
 }
 
-// Epilogue store by kNT threads: row m (< mvalid) of the output is the sum of its kParts
-// partial rows red_s[(part * kRows + m) * kStride + ...], divided by the final sum fl_s[m] and
-// times vscale_head; its LSE (natural log) from fm_s[m] (log2 units) and fl_s[m].
-template <typename TQ, int D, int kParts, int kRows, int kStride, int kNT>
-__device__ __forceinline__ void paged_store_rows(const PagedAttentionParams& p, const PagedCta& c,
-                                                 int tid, const float* red_s, const float* fm_s,
-                                                 const float* fl_s, float vscale_head) {
+// Epilogue store by kNT threads: row m (< mvalid) of the output (its first dv columns) is the
+// sum of its kParts partial rows red_s[(part * kRows + m) * kStride + ...], divided by the final
+// sum fl_s[m] and times vscale_head; its LSE (natural log) from fm_s[m] (log2 units) and fl_s[m].
+template <typename TQ, int kParts, int kRows, int kStride, int kNT>
+__device__ __forceinline__ void paged_store_rows(const PagedAttentionParams& p, int dv,
+                                                 const PagedCta& c, int tid, const float* red_s,
+                                                 const float* fm_s, const float* fl_s,
+                                                 float vscale_head) {
   constexpr float kLn2 = 0.6931471805599453f;
-  for (int idx = tid; idx < c.mvalid * (D / 4); idx += kNT) {
-    const int m = idx / (D / 4);
-    const int q4 = idx - m * (D / 4);
+  const int dq = dv / 4;
+  for (int idx = tid; idx < c.mvalid * dq; idx += kNT) {
+    const int m = idx / dq;
+    const int q4 = idx - m * dq;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int w = 0; w < kParts; ++w) {
@@ -303,7 +306,7 @@ __device__ __forceinline__ void paged_store_rows(const PagedAttentionParams& p, 
     const float l = fl_s[m];
     const float inv = (l == 0.f ? 0.f : 1.f / l) * vscale_head;
     const float lse = l == 0.f ? neg_inf() : (fm_s[m] + log2f(l)) * kLn2;
-    paged_store_out<TQ, D>(p, c.b, c.kvh, c.split, c.G, c.m0 + m, q4,
+    paged_store_out<TQ>(p, dv, c.b, c.kvh, c.split, c.G, c.m0 + m, q4,
                            make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv),
                            q4 == 0, lse);
   }

@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(Cfg<TC, D, MT, kStagesReq>::kThreadsCTA,
   const int mbase = mg * kMTL;           // first CTA row of the m-group
 
   const PagedCta cta = paged_cta<MT>(p, num_chunks);
-  if (paged_reject_bad_klen<TQ, D, kNT>(p, cta, tid)) return;
+  if (paged_reject_bad_klen<TQ, kNT>(p, D, cta, tid)) return;
   // ---- key range of this CTA: the union of its rows' visible keys within the split ----
   const PagedKeyRange kr = paged_key_range<kTK>(p, cta);
   const int32_t kb = kr.kb, ke = kr.ke;
@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(Cfg<TC, D, MT, kStagesReq>::kThreadsCTA,
     const int d4 = idx - m * (D / 4);
     qv[k] = make_float4(0.f, 0.f, 0.f, 0.f);
     if (m < cta.mvalid)
-      qv[k] = load4_q<TQ>(static_cast<const TQ*>(p.q) + paged_q_offset<D>(p, cta, cta.m0 + m, 4 * d4));
+      qv[k] = load4_q<TQ>(static_cast<const TQ*>(p.q) + paged_q_offset(p, D, cta, cta.m0 + m, 4 * d4));
   }
   paged_place_first_rows<kS, kTK>(tid, ntiles, ref0, pf, store_row);
 #pragma unroll
@@ -372,7 +372,7 @@ __global__ void __launch_bounds__(Cfg<TC, D, MT, kStagesReq>::kThreadsCTA,
   }
   // also: every warp is done with the stage buffers (red_s overlays them)
   if (__syncthreads_or(bad)) {
-    paged_store_nan<TQ, D, kNT>(p, cta, tid);
+    paged_store_nan<TQ, kNT>(p, D, cta, tid);
     return;
   }
   const int group = warp * C::kRGw + rg;
@@ -399,7 +399,7 @@ __global__ void __launch_bounds__(Cfg<TC, D, MT, kStagesReq>::kThreadsCTA,
     }
   }
   __syncthreads();
-  paged_store_rows<TQ, D, kWarps * C::kRGw, MT, D, kNT>(p, cta, tid, red_s, fm_s, fl_s,
+  paged_store_rows<TQ, kWarps * C::kRGw, MT, D, kNT>(p, D, cta, tid, red_s, fm_s, fl_s,
                                                         vscale_head);
 }
 

@@ -16,8 +16,9 @@ namespace jax_flash {
 namespace paged {
 
 // ---------------------------------------------------------------------------------------------
-// Split-KV merge: one CTA of 128 threads per output row (b, i, h). Thread t owns float4 column
-// t % (D / 4) of the splits s = t / (D / 4) (mod kGroups); its first loads are issued before the
+// Split-KV merge: one CTA of 128 threads per output row (b, i, h). D bounds the row's Dv
+// columns (p.head_dim_v <= D: the tensor-core kernel's tile width). Thread t owns float4 column
+// t % (D / 4) (if < Dv / 4) of the splits s = t / (D / 4) (mod kGroups); its first loads are issued before the
 // weights are known, so a row costs about two memory round trips. Warp 0 computes the LSE and
 // the weights exp(lse_s - lse) (dynamic shared memory, one float per split); the groups' sums
 // are added in a fixed order (deterministic).
@@ -53,15 +54,17 @@ __global__ void __launch_bounds__(128) paged_merge_kernel(const PagedAttentionPa
   const int64_t b = row / (static_cast<int64_t>(Hq) * Sq);
   const int64_t l_idx = (b * Hq + h) * Sq + i;
   const int ns = p.num_splits;
-  const float4* src = reinterpret_cast<const float4*>(p.o_partial + row * D) + c;
-  const int64_t o_stride4 = rows * kQ;  // float4 per split
+  const int dv = p.head_dim_v;
+  const bool col_on = c < dv / 4;  // a column of the row (D > Dv: the rest idle)
+  const float4* src = reinterpret_cast<const float4*>(p.o_partial + row * dv) + c;
+  const int64_t o_stride4 = rows * (dv / 4);  // float4 per split
 
   // first batch of partial outputs (independent of the weights)
   float4 pre[kBatch];
 #pragma unroll
   for (int k = 0; k < kBatch; ++k) {
     const int s = g + k * kGroups;
-    pre[k] = s < ns ? src[s * o_stride4] : make_float4(0.f, 0.f, 0.f, 0.f);
+    pre[k] = s < ns && col_on ? src[s * o_stride4] : make_float4(0.f, 0.f, 0.f, 0.f);
   }
 
   if (tid < 32) {
@@ -112,7 +115,7 @@ __global__ void __launch_bounds__(128) paged_merge_kernel(const PagedAttentionPa
 #pragma unroll
       for (int k = 0; k < kBatch; ++k) {
         const int s = s0 + k * kGroups;
-        v[k] = s < ns ? src[s * o_stride4] : make_float4(0.f, 0.f, 0.f, 0.f);
+        v[k] = s < ns && col_on ? src[s * o_stride4] : make_float4(0.f, 0.f, 0.f, 0.f);
       }
 #pragma unroll
       for (int k = 0; k < kBatch; ++k) {
@@ -127,7 +130,7 @@ __global__ void __launch_bounds__(128) paged_merge_kernel(const PagedAttentionPa
   }
   red_s[g][c] = acc;
   __syncthreads();
-  if (g == 0) {
+  if (g == 0 && col_on) {
     float4 o = red_s[0][c];
 #pragma unroll
     for (int k = 1; k < kGroups; ++k) {
@@ -138,7 +141,7 @@ __global__ void __launch_bounds__(128) paged_merge_kernel(const PagedAttentionPa
       o.w += t.w;
     }
     if (mode == 2) o = make_float4(qnan(), qnan(), qnan(), qnan());
-    store4_from_float<TQ>(static_cast<TQ*>(p.o) + row * D + 4 * c, o.x, o.y, o.z, o.w);
+    store4_from_float<TQ>(static_cast<TQ*>(p.o) + row * dv + 4 * c, o.x, o.y, o.z, o.w);
     if (c == 0) p.lse[l_idx] = lse_s;
   }
 }

@@ -12,7 +12,8 @@ namespace jax_flash::policy {
 // Prefill attention (flash_attention): the largest head dim of q/k and of v.
 constexpr int kFlashMaxHeadDim = 256;
 
-// Paged decode attention: the head dims of the CUDA kernels (D == Dv).
+// Paged decode attention: the head dims of the CUDA-core kernel (D == Dv). The tensor-core
+// kernel takes more (policy/paged.h: paged_mma_head_dims_supported).
 constexpr int kPagedHeadDims[] = {64, 128, 256};
 
 inline bool paged_head_dim_supported(int64_t head_dim, int64_t head_dim_v) {

@@ -20,19 +20,40 @@ constexpr int paged_rows_per_cta(int64_t rows) { return rows <= 4 ? 4 : (rows <=
 // Query rows per CTA of the tensor-core kernel (one m16 tile).
 constexpr int kPagedMmaRows = 16;
 
-// CTAs of the tensor-core kernel per SM for a cache of elem_bytes per element (its shared memory
-// is sized for this; checked by static_assert in paged_attention_mma.cuh): 16-bit caches 2, 2, 1
-// for head dims 64, 128, 256; 8-bit caches 3, 2, 1.
-constexpr int paged_mma_ctas_per_sm(int head_dim, int elem_bytes = 2) {
-  return head_dim <= 64 ? (elem_bytes == 1 ? 3 : 2) : (head_dim <= 128 ? 2 : 1);
+// Head dims of the tensor-core kernel: D and Dv multiples of 16 from 16 to 256 (D != Dv too).
+// It is compiled for three tile widths (64, 128, 256: paged_mma_tile_dim) and runs a call on
+// the narrowest tile that holds max(D, Dv): the cache rows are copied at their own width, the
+// tile's columns past D (Dv) are zero in shared memory, and only Dv columns are stored. Head
+// dims other than the tile widths thus cost no extra instantiation and no extra memory traffic,
+// but a stage then holds fewer cache bytes (fewer in flight per SM). Measured on an H100 (bf16
+// 32/8, page 16, GB/s, docs/benchmarks.md): 64 x 8k D 80 / 96 / 112 / 160 at 83 / 89 / 83 / 92%
+// of D 128's 3036; 1 x 32k 80 / 85 / 87 / 95% of 2391.
+constexpr int kPagedMmaTileDims[] = {64, 128, 256};
+
+constexpr bool paged_mma_head_dims_supported(int64_t head_dim, int64_t head_dim_v) {
+  return head_dim >= 16 && head_dim <= 256 && head_dim % 16 == 0 && head_dim_v >= 16 &&
+         head_dim_v <= 256 && head_dim_v % 16 == 0;
+}
+
+// The tile width (64, 128 or 256) of the tensor-core kernel for head dims D, Dv (supported).
+constexpr int paged_mma_tile_dim(int64_t head_dim, int64_t head_dim_v) {
+  const int64_t d = head_dim > head_dim_v ? head_dim : head_dim_v;
+  return d <= 64 ? 64 : (d <= 128 ? 128 : 256);
+}
+
+// CTAs of the tensor-core kernel per SM for a tile width (paged_mma_tile_dim) and a cache of
+// elem_bytes per element (its shared memory is sized for this; checked by static_assert in
+// paged_attention_mma.cuh): 16-bit caches 2, 2, 1 for tiles 64, 128, 256; 8-bit caches 3, 2, 1.
+constexpr int paged_mma_ctas_per_sm(int tile_dim, int elem_bytes = 2) {
+  return tile_dim <= 64 ? (elem_bytes == 1 ? 3 : 2) : (tile_dim <= 128 ? 2 : 1);
 }
 
 // Whether the tensor-core kernel takes a call of these dtypes and shapes: q float16 or bfloat16
 // with a cache of q's dtype (no scales) or an int8 / float8 e4m3 cache (per-head or per-token
-// scales), D == Dv in {64, 128, 256}, a cache of at least one page (rows behind an invalid id
-// read row 0: the output is NaN either way) and of fewer than 2^32 rows of Hkv heads (it indexes
-// rows in 32 bits; 2^32 rows are over 256 GB). The launcher also needs q 16-byte aligned (it is
-// read in 16-byte vectors; XLA's buffers are).
+// scales), D and Dv as paged_mma_head_dims_supported, a cache of at least one page (rows behind
+// an invalid id read row 0: the output is NaN either way) and of fewer than 2^32 rows of Hkv
+// heads (it indexes rows in 32 bits; 2^32 rows are over 256 GB). The launcher also needs q
+// 16-byte aligned (it is read in 16-byte vectors; XLA's buffers are).
 inline bool paged_mma_supported(DType dtype, CacheDType cache_dtype, ScaleMode scale_mode,
                                 int64_t head_dim, int64_t head_dim_v, int64_t num_pages,
                                 int64_t page_size, int64_t num_heads_k) {
@@ -42,8 +63,25 @@ inline bool paged_mma_supported(DType dtype, CacheDType cache_dtype, ScaleMode s
   const bool c8 = cache_dtype == CacheDType::kInt8 || cache_dtype == CacheDType::kFloat8E4M3;
   const bool same = (f16 || bf16) && scale_mode == ScaleMode::kNone;
   const bool quant = q16 && c8 && scale_mode != ScaleMode::kNone;
-  return (same || quant) && paged_head_dim_supported(head_dim, head_dim_v) && num_pages > 0 &&
-         num_pages * page_size * num_heads_k < (int64_t(1) << 32);
+  return (same || quant) && paged_mma_head_dims_supported(head_dim, head_dim_v) &&
+         num_pages > 0 && num_pages * page_size * num_heads_k < (int64_t(1) << 32);
+}
+
+// The kernel that runs a paged_attention call on CUDA (the one place that decides it: the
+// launcher, the FFI handler and Python's jax_flash.kernel_for ask here). mma_ok:
+// paged_mma_supported; the CUDA-core kernel takes D == Dv in kPagedHeadDims
+// (paged_head_dim_supported) for every dtype. kAuto: the tensor-core kernel where it takes the
+// call (see paged_use_mma), else the CUDA-core one; kCudaCore / kTensorCore: that kernel only.
+// kNone: no CUDA kernel takes the call (implementation=None then runs the jnp reference, with a
+// warning; "cuda" raises).
+enum class PagedChoice : int32_t { kNone = 0, kCudaCore = 1, kTensorCore = 2 };
+
+inline PagedChoice paged_kernel_choice(bool mma_ok, int64_t head_dim, int64_t head_dim_v,
+                                       PagedKernel kernel) {
+  const bool cuda_core_ok = paged_head_dim_supported(head_dim, head_dim_v);
+  if (kernel != PagedKernel::kCudaCore && mma_ok) return PagedChoice::kTensorCore;
+  if (kernel != PagedKernel::kTensorCore && cuda_core_ok) return PagedChoice::kCudaCore;
+  return PagedChoice::kNone;
 }
 
 // Whether the tensor-core kernel runs a call that it supports (mma_ok) under the requested
@@ -67,7 +105,8 @@ inline bool paged_use_mma(bool mma_ok, PagedKernel kernel) {
 // rows per KV head, one for more; tensor-core kernel: paged_mma_ctas_per_sm), then to the
 // largest power of two that keeps within one wave and at least 128 keys per split. max_ctx is
 // the longest context (max_pages * page_size); `mma`: the tensor-core kernel runs the call
-// (paged_use_mma). B = 0 (no CTA) gives 1.
+// (paged_use_mma); head_dim: max(D, Dv) (the tensor-core kernel's CTAs per SM follow its tile
+// width). B = 0 (no CTA) gives 1.
 // Measured on an H100 SXM (132 SMs; bf16 Hq=32 Hkv=8 D=128 page 16; effective K+V GB/s by
 // num_splits, best in brackets; D2D copy 3014 GB/s read + write):
 //   B=1   ctx 4k:   s16 858, [s32 915], s48 639, s64 728
@@ -82,14 +121,20 @@ inline bool paged_use_mma(bool mma_ok, PagedKernel kernel) {
 // i.e. about one wave of 2 CTAs per SM (B * Hkv * s = 256 of 264 slots). The merge adds 2.6-3.3
 // us at B = 1 (4.6-5% at 1 x 32k, 19% at 1 x 8k; tools/paged_mma_check --merge) and ~1% from
 // B = 8. Split counts 8-128 around this choice (B = 1-2; 32/8, 28/4, 32/2, 32/1 heads; D 64,
-// 128): it is the best or within ~6% of it.
+// 128): it is the best or within ~6% of it. Re-measured on the tensor-core kernel in the
+// benchmark's jitted loop (bf16 32/8 D128 page 16, us per call for splits 4 / 8 / 16 / 32 / 64;
+// docs/benchmarks.md): 1 x 8k 36.0 / 23.8 / 23.1 / [18.6] / 19.4, 1 x 32k 118.6 / 69.8 / 57.3 /
+// [56.3] / 59.0, 2 x 8k 40.7 / 34.6 / [34.6] / 36.5 / 40.4, 4 x 8k 57.1 / [56.5] / 58.7 / 61.2 /
+// 65.7, 8 x 8k [101.1] / 101.6 / 105.2 / 108.1 / 119.2: the choice is the best of them.
 inline int paged_num_splits(int64_t batch, int64_t num_heads_k, int64_t group, int64_t seqlen_q,
                             int64_t max_ctx, int num_sms, int head_dim, bool mma,
                             int cache_bytes) {
   const int64_t rows = group * seqlen_q;
   const int64_t mt = mma ? kPagedMmaRows : paged_rows_per_cta(rows);
   const int64_t ctas = batch * num_heads_k * ((rows + mt - 1) / mt);
-  const int64_t per_sm = mma ? paged_mma_ctas_per_sm(head_dim, cache_bytes) : (mt <= 8 ? 2 : 1);
+  const int64_t per_sm =
+      mma ? paged_mma_ctas_per_sm(paged_mma_tile_dim(head_dim, head_dim), cache_bytes)
+          : (mt <= 8 ? 2 : 1);
   const int64_t slots = static_cast<int64_t>(num_sms) * per_sm;
   if (ctas <= 0 || ctas * 5 >= slots * 4) return 1;
   int64_t s = slots / ctas;

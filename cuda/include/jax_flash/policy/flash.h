@@ -1,0 +1,62 @@
+// Decisions of the prefill attention (flash_attention) on CUDA, in one place: which kernel takes
+// a call (tensor-core mma.sync or SIMT) and the tile width of the tensor-core kernel. The FFI
+// handler (cuda/ffi/flash_attention.cu), flash_attention_mma_supported and the `_cpu` module's
+// `policy` submodule (jax_flash.kernel_for, the lowering's fallback) call these functions.
+//
+// Host-only and free of CUDA includes: built into the CPU module (always) and the CUDA module.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "jax_flash/dtype.h"
+#include "jax_flash/policy/limits.h"
+
+namespace jax_flash::policy {
+
+// Head dims of the tensor-core kernel: D and Dv multiples of 16 from 16 to 256 (D != Dv too).
+// It is compiled for three tile widths (64, 128, 256: flash_mma_tile_dim); a call whose
+// max(D, Dv) is below its tile's width runs the tile's padded variant, which copies rows at
+// their own width, zero-fills the tile's other columns in shared memory and skips the k16 steps
+// of Q K^T past D and the n16 column pairs of P V past Dv (so the tensor-core work follows D and
+// Dv, not the tile).
+constexpr bool flash_mma_head_dims_supported(int64_t head_dim, int64_t head_dim_v) {
+  return head_dim >= 16 && head_dim <= 256 && head_dim % 16 == 0 && head_dim_v >= 16 &&
+         head_dim_v <= 256 && head_dim_v % 16 == 0;
+}
+
+// The tile width (64, 128 or 256) of the tensor-core kernel for head dims D, Dv (supported).
+constexpr int flash_mma_tile_dim(int64_t head_dim, int64_t head_dim_v) {
+  const int64_t d = head_dim > head_dim_v ? head_dim : head_dim_v;
+  return d <= 64 ? 64 : (d <= 128 ? 128 : 256);
+}
+
+// Head dims of the Hopper (sm_90a, wgmma + TMA) kernel, which takes the tensor-core calls with
+// these head dims in place of the mma.sync kernel on compute capability 9.0 devices, in builds
+// with sm_90a code (flash_attention_hopper_supported checks the device and the build).
+constexpr bool flash_hopper_head_dims_supported(int64_t head_dim, int64_t head_dim_v) {
+  return head_dim == head_dim_v && (head_dim == 64 || head_dim == 128 || head_dim == 256);
+}
+
+// The kernel that runs a flash_attention call on CUDA. kTensorCore: float16 / bfloat16 with
+// head dims as flash_mma_head_dims_supported, softmax_scale finite and > 0 unless softcap > 0
+// (the running max is kept in unscaled units), softcap finite (<= 0: off); the launcher also
+// needs 16-byte aligned buffers and row strides (flash_attention_mma_supported; XLA's buffers
+// and the ops' layouts are). kSimt: every other case with D, Dv <= kFlashMaxHeadDim. kNone: no
+// CUDA kernel (implementation=None then runs the jnp reference, with a warning).
+enum class FlashChoice : int32_t { kNone = 0, kSimt = 1, kTensorCore = 2 };
+
+inline FlashChoice flash_kernel_choice(DType dtype, int64_t head_dim, int64_t head_dim_v,
+                                       float softmax_scale, float softcap) {
+  if (head_dim < 1 || head_dim_v < 1 || head_dim > kFlashMaxHeadDim ||
+      head_dim_v > kFlashMaxHeadDim)
+    return FlashChoice::kNone;
+  const bool q16 = dtype == DType::kFloat16 || dtype == DType::kBFloat16;
+  const bool scales_ok = std::isfinite(softmax_scale) && std::isfinite(softcap) &&
+                         (softcap > 0.f || softmax_scale > 0.f);
+  if (q16 && scales_ok && flash_mma_head_dims_supported(head_dim, head_dim_v))
+    return FlashChoice::kTensorCore;
+  return FlashChoice::kSimt;
+}
+
+}  // namespace jax_flash::policy

@@ -1,0 +1,479 @@
+"""`Engine`: continuous batching of requests over a paged KV cache.
+
+Every :meth:`Engine.step` plans one device step on the host (`Scheduler`), dispatches it (one
+jitted call: the model over the step's packed decode tokens and prompt chunks, `jax_flash.nn.
+Mixed`, then one token drawn per row), and only then reads the tokens of the step before. So
+the device runs step ``k + 1`` while the host reads step ``k``'s tokens, checks stop tokens and
+plans: a decode row feeds its previous token straight from the previous step's output on the
+device. A request that stops at step ``k`` has already been given a row in step ``k + 1``;
+that row's token is dropped.
+
+Shapes are static: decode rows and chunk rows are padded to buckets (powers of two up to
+``max_batch`` / ``max_prefill_rows``), chunks to ``prefill_chunk`` places, block tables to the
+pages of ``max_seq_len`` tokens, and every step's output to ``max_batch + max_prefill_rows``
+rows; so a run compiles at most two executables per (decode bucket, chunk bucket) pair: one
+for steps whose rows are all greedy (argmax) and one that samples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from ..nn import Mixed
+from ..ops.kv_cache import copy_pages
+from ..ops.sampling import sample
+from .pages import PagePool
+from .request import Request, SamplingParams, Status
+from .scheduler import Scheduler, StepPlan
+
+
+@dataclasses.dataclass
+class StepOutput:
+    """What one :meth:`Engine.step` read back: the tokens each request produced (in order;
+    a finished request's last token is its stop token, if one stopped it) and the ids of the
+    requests that finished, with why ("stop", "length" or "abort")."""
+
+    tokens: dict[int, list[int]]
+    finished: dict[int, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shape:
+    """Static shape of one device step."""
+
+    num_decode: int
+    num_chunks: int
+    chunk: int
+    max_pages: int  # block-table columns
+    out_rows: int  # rows of every step's output (the next step reads it by row)
+    greedy: bool  # every row greedy: argmax, no sampling kernel (static: no device branch)
+
+    @property
+    def rows(self) -> int:
+        return self.num_decode + self.num_chunks
+
+    @property
+    def tokens(self) -> int:
+        return self.num_decode + self.num_chunks * self.chunk
+
+    def int_fields(self):
+        """(name, size) of the fields packed in the step's int32 input, in order."""
+        T, R, d = self.tokens, self.rows, self.num_decode
+        return (
+            ("tokens", T),
+            ("source", d),
+            ("positions", T),
+            ("slots", T),
+            ("block_tables", R * self.max_pages),
+            ("kv_lens", R),
+            ("top_k", R),
+            ("seeds", R),
+            ("index", R),
+        )
+
+
+_FLOAT_FIELDS = ("temperature", "top_p", "min_p")
+
+
+def _unpack(shape: _Shape, ints, floats) -> dict:
+    out, at = {}, 0
+    for name, size in shape.int_fields():
+        out[name] = ints[at : at + size]
+        at += size
+    out["block_tables"] = out["block_tables"].reshape(shape.rows, shape.max_pages)
+    R = shape.rows
+    for i, name in enumerate(_FLOAT_FIELDS):
+        out[name] = floats[i * R : (i + 1) * R]
+    return out
+
+
+def _draw(logits, f, greedy: bool, impl):
+    """One token per row: argmax when every row is greedy (``greedy``), else each row alone
+    with its own key, as `generate` draws for a lone prompt."""
+    if greedy:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+    def one(row, seed, index, temperature, top_k, top_p, min_p):
+        key = jax.random.fold_in(jax.random.key(seed), index)
+        return sample(
+            row[None],
+            key,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            implementation=impl,
+        )[0]
+
+    args = (f["seeds"], f["index"], f["temperature"], f["top_k"], f["top_p"], f["min_p"])
+    return jax.vmap(one)(logits, *args)
+
+
+class _Model:
+    """The model's graph definition and parameter tree as one static argument of the jitted
+    step, hashed by identity: an nnx GraphDef hashes its whole structure, milliseconds for a
+    16-layer model, which a step per token cannot pay. Interned (`_model_static`), so the
+    engines of one model share their compiled steps."""
+
+    __slots__ = ("graphdef", "state_def", "__weakref__")
+
+    def __init__(self, graphdef, state_def):
+        self.graphdef, self.state_def = graphdef, state_def
+
+
+_MODELS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def _model_static(graphdef, state_def) -> _Model:
+    key = (graphdef, state_def)
+    static = _MODELS.get(key)
+    if static is None:
+        static = _MODELS[key] = _Model(graphdef, state_def)
+    return static
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
+def _device_step(static: _Model, shape: _Shape, params, kv, previous, ints, floats):
+    # The parameters come as a flat list, which jit flattens quicker than an nnx.State.
+    model = nnx.merge(static.graphdef, jax.tree.unflatten(static.state_def, params))
+    f = _unpack(shape, ints, floats)
+    d = shape.num_decode
+    tokens = f["tokens"]
+    if d:
+        fed = jnp.where(f["source"] >= 0, previous[jnp.maximum(f["source"], 0)], tokens[:d])
+        tokens = tokens.at[:d].set(fed)
+    batch = Mixed(f["block_tables"], f["kv_lens"], f["slots"], d, shape.chunk)
+    h, kv = model.forward(tokens, f["positions"], kv, batch)
+    logits = model.logits(h[batch.last_tokens()])
+    drawn = _draw(logits, f, shape.greedy, getattr(model, "attention_impl", None))
+    out = jnp.full((shape.out_rows,), -1, jnp.int32).at[: shape.rows].set(drawn)
+    return out, kv
+
+
+@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(1,))
+def _copy_pages(impl, kv, src, dst):
+    """Copy pages ``src[i] -> dst[i]`` in every layer's cache (ids -1: padding, skipped)."""
+    return tuple(copy_pages(k, v, src, dst, implementation=impl) for k, v in kv)
+
+
+def _buckets(limit: int) -> list[int]:
+    out = [0]
+    while out[-1] < limit:
+        out.append(min(limit, max(1, 2 * out[-1])))
+    return out
+
+
+def _bucket(n: int, buckets: Sequence[int]) -> int:
+    return next(b for b in buckets if b >= n)
+
+
+class Engine:
+    """Serve generation requests with continuous batching over a paged KV cache.
+
+    Parameters
+    ----------
+    model : a :class:`jax_flash.models.LlamaForCausalLM` (any decoder with ``forward``,
+        ``logits``, ``init_cache`` and ``config``); its ``attention_impl`` picks the kernels.
+    num_pages, page_size : the cache: ``num_pages`` pages of ``page_size`` tokens (page 0 is
+        the null page). A request whose prompt and output cannot fit alone is refused.
+    max_batch : decode rows per step (and requests running at once).
+    max_prefill_rows, prefill_chunk : prompt chunks per step, and tokens per chunk.
+    max_seq_len : the longest prompt + output (default the model's
+        ``max_position_embeddings``, at most what the pool holds).
+    decode_buckets : decode-row counts a step is padded to (default powers of two up to
+        ``max_batch``; ``max_batch`` is always one). Fewer buckets, fewer compilations: padded
+        decode rows cost little where a step reads the weights anyway.
+
+    ``step()`` returns the tokens of the step dispatched by the previous call (see the module
+    docstring), so a request's first token shows one call after the step that drew it.
+
+    Examples
+    --------
+    >>> from jax_flash.models import LlamaConfig, LlamaForCausalLM
+    >>> from jax_flash.serve import Engine, SamplingParams
+    >>> cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+    ...                   num_hidden_layers=1, num_attention_heads=2)
+    >>> engine = Engine(LlamaForCausalLM.random(cfg), num_pages=16, page_size=4, max_batch=2)
+    >>> outs = engine.run([dict(prompt_tokens=[1, 2, 3], max_new_tokens=3),
+    ...                    dict(prompt_tokens=[4, 5], max_new_tokens=2,
+    ...                         sampling=SamplingParams(temperature=0.8, seed=1))])
+    >>> [len(t) for t in outs]
+    [3, 2]
+    """
+
+    def __init__(
+        self,
+        model,
+        *,
+        num_pages: int = 256,
+        page_size: int = 16,
+        max_batch: int = 8,
+        max_prefill_rows: int = 1,
+        prefill_chunk: int = 64,
+        max_seq_len: int | None = None,
+        decode_buckets: Sequence[int] | None = None,
+    ):
+        for name, v in (
+            ("num_pages", num_pages),
+            ("page_size", page_size),
+            ("max_batch", max_batch),
+            ("max_prefill_rows", max_prefill_rows),
+            ("prefill_chunk", prefill_chunk),
+        ):
+            if not isinstance(v, (int, np.integer)) or v < (2 if name == "num_pages" else 1):
+                raise ValueError(f"Engine: {name} must be an int >= 1 (num_pages >= 2), got {v!r}")
+        self.model = model
+        self.vocab_size = int(model.config.vocab_size)
+        self.page_size = P = int(page_size)
+        limit = (num_pages - 1) * P
+        default = getattr(model.config, "max_position_embeddings", limit)
+        self.max_seq_len = min(limit, default) if max_seq_len is None else int(max_seq_len)
+        if not 1 <= self.max_seq_len <= limit:
+            raise ValueError(
+                f"Engine: max_seq_len must be in [1, {limit}] ((num_pages - 1) * page_size), "
+                f"got {max_seq_len}"
+            )
+        self.pool = PagePool(int(num_pages))
+        self.scheduler = Scheduler(
+            self.pool,
+            P,
+            max_batch=int(max_batch),
+            max_prefill_rows=int(max_prefill_rows),
+            prefill_chunk=int(prefill_chunk),
+        )
+        self._decode_buckets = _buckets(int(max_batch))
+        if decode_buckets is not None:
+            if not all(
+                isinstance(b, (int, np.integer)) and 0 < b <= max_batch for b in decode_buckets
+            ):
+                raise ValueError(
+                    f"Engine: decode_buckets must be ints in [1, max_batch={max_batch}], got "
+                    f"{decode_buckets!r}"
+                )
+            self._decode_buckets = sorted({0, int(max_batch), *map(int, decode_buckets)})
+        self._chunk_buckets = _buckets(int(max_prefill_rows))
+        self._max_pages = -(-self.max_seq_len // P)
+        self._out_rows = int(max_batch) + int(max_prefill_rows)
+        graphdef, state = nnx.split(model)
+        self._params, state_def = jax.tree.flatten(state)
+        self._model_static = _model_static(graphdef, state_def)
+        cache = model.init_cache(int(num_pages), P, np.zeros((1, 1), np.int32))
+        self._kv = cache.layers()
+        self._previous = jnp.full((self._out_rows,), -1, jnp.int32)
+        # The step dispatched last: its plan, its output and the output row of each plan row.
+        self._in_flight: tuple[StepPlan, jax.Array, list[int]] | None = None
+        self._requests: dict[int, Request] = {}
+        self._next_id = 0
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        prompt_tokens: Sequence[int],
+        max_new_tokens: int,
+        sampling: SamplingParams | None = None,
+        stop_tokens: Iterable[int] = (),
+    ) -> int:
+        """Queue a request; returns its id. It generates up to ``max_new_tokens`` tokens and
+        stops early after any of ``stop_tokens`` (kept as its last token)."""
+        prompt = [int(t) for t in prompt_tokens]
+        if not prompt:
+            raise ValueError("Engine.add_request: prompt_tokens must hold at least one token")
+        if any(t < 0 or t >= self.vocab_size for t in prompt):
+            raise ValueError(
+                f"Engine.add_request: prompt_tokens must lie in [0, {self.vocab_size})"
+            )
+        if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+            raise ValueError(
+                f"Engine.add_request: max_new_tokens must be an int >= 1, got {max_new_tokens!r}"
+            )
+        if len(prompt) + max_new_tokens - 1 > self.max_seq_len:
+            raise ValueError(
+                f"Engine.add_request: prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens})"
+                f" - 1 tokens exceed max_seq_len {self.max_seq_len}"
+            )
+        sampling = SamplingParams() if sampling is None else sampling
+        if not isinstance(sampling, SamplingParams):
+            raise TypeError(
+                f"Engine.add_request: sampling must be SamplingParams, got {sampling!r}"
+            )
+        request = Request(
+            id=self._next_id,
+            prompt=prompt,
+            max_new_tokens=int(max_new_tokens),
+            stop_tokens=frozenset(int(t) for t in stop_tokens),
+            sampling=sampling,
+            arrival_s=time.perf_counter(),
+        )
+        self._next_id += 1
+        self._requests[request.id] = request
+        self.scheduler.add(request)
+        return request.id
+
+    def abort(self, request_id: int) -> None:
+        """Stop a request now (its pages are released); unknown or finished ids are ignored."""
+        r = self._requests.get(request_id)
+        if r is not None and r.status is not Status.FINISHED:
+            self.scheduler.finish(r, "abort")
+
+    def request(self, request_id: int) -> Request:
+        return self._requests[request_id]
+
+    def forget(self, request_id: int) -> None:
+        """Drop a finished request's record (a server calls this once it has sent the
+        tokens, so that records do not pile up)."""
+        r = self._requests.get(request_id)
+        if r is not None and r.status is Status.FINISHED:
+            del self._requests[request_id]
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work() or self._in_flight is not None
+
+    @property
+    def stats(self):
+        return self.scheduler.stats
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def step(self) -> StepOutput:
+        """Dispatch the next device step (if there is work), then read the previous one's
+        tokens: stop checks, finished requests' pages released."""
+        previous = self._in_flight
+        rows = {}
+        if previous is not None:
+            plan, _, out_rows = previous
+            rows = {r.id: i for r, i in zip(plan.draws, out_rows, strict=True) if r is not None}
+        plan = self.scheduler.schedule(rows)
+        self._in_flight = None if plan is None else (plan, *self._dispatch(plan))
+        return self._read(previous)
+
+    def run(self, requests: Iterable[Mapping]) -> list[list[int]]:
+        """Add ``requests`` (each a dict of :meth:`add_request`'s arguments) and step until
+        all of them finish; returns their tokens, in order."""
+        ids = [self.add_request(**r) for r in requests]
+        while any(self._requests[i].status is not Status.FINISHED for i in ids):
+            self.step()
+        return [self._requests[i].output for i in ids]
+
+    def warmup(self, sampling: bool = True) -> float:
+        """Compile the step of every bucket pair now, greedy and (with ``sampling``) sampling
+        variants (steps of padding rows only: nothing is written); returns the seconds."""
+        t0 = time.perf_counter()
+        empty = StepPlan([], [], [])
+        for d in self._decode_buckets:
+            for c in self._chunk_buckets:
+                for greedy in (True, False) if sampling else (True,):
+                    if d or c:
+                        out, self._kv = self._call(self._shape(d, c, greedy), empty)
+        jax.block_until_ready(self._kv)
+        return time.perf_counter() - t0
+
+    def _shape(self, num_decode: int, num_chunks: int, greedy: bool) -> _Shape:
+        return _Shape(
+            _bucket(num_decode, self._decode_buckets),
+            _bucket(num_chunks, self._chunk_buckets),
+            self.scheduler.prefill_chunk,
+            self._max_pages,
+            self._out_rows,
+            greedy,
+        )
+
+    def _call(self, shape: _Shape, plan: StepPlan):
+        ints, floats = self._pack(shape, plan)
+        return _device_step(
+            self._model_static,
+            shape,
+            self._params,
+            self._kv,
+            self._previous,
+            ints,
+            floats,
+        )
+
+    def _dispatch(self, plan: StepPlan) -> tuple[jax.Array, list[int]]:
+        if plan.copies:  # copy-on-write of partly shared prefix pages, before the step
+            pairs = np.full((2, self.scheduler.max_batch), -1, np.int32)
+            pairs[:, : len(plan.copies)] = np.asarray(plan.copies, np.int32).T
+            impl = getattr(self.model, "attention_impl", None)
+            self._kv = _copy_pages(impl, self._kv, pairs[0], pairs[1])
+        greedy = all(r.sampling.greedy for r in plan.draws if r is not None)
+        shape = self._shape(len(plan.decode), len(plan.chunks), greedy)
+        out, self._kv = self._call(shape, plan)
+        self._previous = out
+        d = shape.num_decode
+        out_rows = list(range(len(plan.decode))) + [d + j for j in range(len(plan.chunks))]
+        return out, out_rows
+
+    def _pack(self, shape: _Shape, plan: StepPlan) -> tuple[np.ndarray, np.ndarray]:
+        """The step's int32 and float32 inputs (`_Shape.int_fields`, `_FLOAT_FIELDS`)."""
+        P, M = self.page_size, self._max_pages
+        T, R, d, C = shape.tokens, shape.rows, shape.num_decode, shape.chunk
+        tokens = np.zeros(T, np.int32)
+        source = np.full(d, -1, np.int32)
+        positions = np.zeros(T, np.int32)
+        slots = np.full(T, -1, np.int32)
+        tables = np.zeros((R, M), np.int32)
+        kv_lens = np.zeros(R, np.int32)
+        top_k, seeds, index = (np.zeros(R, np.int32) for _ in range(3))
+        floats = np.zeros((3, R), np.float32)
+        floats[1] = 1.0  # top_p of padding rows
+
+        def place(row, r, places, start, count):
+            pos = np.arange(start, start + count)
+            positions[places] = pos
+            pages = np.asarray(r.pages, np.int32)
+            slots[places] = pages[pos // P] * P + pos % P
+            tables[row, : len(r.pages)] = r.pages
+            kv_lens[row] = start + count
+            s = r.sampling
+            top_k[row], seeds[row] = s.top_k, s.seed
+            index[row] = len(r.output) + r.pending - 1  # the token this row draws
+            floats[:, row] = s.temperature, s.top_p, s.min_p
+
+        for i, (r, src) in enumerate(plan.decode):
+            start = r.num_cached - 1
+            place(i, r, np.array([i]), start, 1)
+            if src >= 0:
+                source[i] = src
+            else:
+                tokens[i] = r.token(start)
+        for j, (r, start, n) in enumerate(plan.chunks):
+            places = d + j * C + C - n + np.arange(n)
+            tokens[places] = [r.token(t) for t in range(start, start + n)]
+            place(d + j, r, places, start, n)
+        ints = np.concatenate(
+            [tokens, source, positions, slots, tables.ravel(), kv_lens, top_k, seeds, index]
+        )
+        return ints, floats.ravel()
+
+    def _read(self, step) -> StepOutput:
+        result = StepOutput({}, {})
+        if step is None:
+            return result
+        plan, out, out_rows = step
+        drawn = np.asarray(out)  # waits for that step (the next one is already queued)
+        now = time.perf_counter()
+        for r, i in zip(plan.draws, out_rows, strict=True):
+            if r is None:
+                continue
+            r.pending -= 1
+            if r.status is Status.FINISHED:
+                continue  # stopped in an earlier step; this row ran before that was known
+            token = int(drawn[i])
+            r.output.append(token)
+            r.token_times_s.append(now)
+            result.tokens.setdefault(r.id, []).append(token)
+            if token in r.stop_tokens or len(r.output) >= r.max_new_tokens:
+                reason = "stop" if token in r.stop_tokens else "length"
+                self.scheduler.finish(r, reason)
+                result.finished[r.id] = reason
+        return result

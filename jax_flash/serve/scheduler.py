@@ -1,0 +1,218 @@
+"""`Scheduler`: which requests run in the next device step, and the pages they hold.
+
+Each step has up to ``max_batch`` decode rows (a request with one token to feed: its last
+drawn token, or the last token of a prompt) and up to ``max_prefill_rows`` chunk rows of up to
+``prefill_chunk`` prompt tokens (chunked prefill), so a step's token budget is
+``max_batch + max_prefill_rows * prefill_chunk``.
+
+Pages: a request is admitted (first come, first served) only when the pool can hold all its
+known tokens, less the full prompt pages it shares with earlier requests (prefix sharing; a
+partly shared page is copied, copy-on-write, and its shared tokens not computed again);
+while decoding it takes one more page whenever its next token starts one. When none is left,
+the most recently admitted running request is preempted: its pages are released and it waits
+at the head of the queue, to be fed again from its first token (recompute). Running requests
+are never touched by another's allocation, so preemption never corrupts them; the oldest
+request can always run, because a request that cannot fit the pool alone is refused.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+from .pages import PagePool, prefix_hashes
+from .request import Request, Status
+
+
+@dataclasses.dataclass
+class StepPlan:
+    """One device step. ``decode``: ``(request, source)`` per decode row, where ``source`` is
+    the output row of the previous step that drew the token to feed (-1: a token the host
+    knows); ``chunks``: ``(request, start, count)`` per chunk row. ``draws[i]``: the request
+    whose next token row ``i`` (decode rows, then chunk rows) draws, or None. ``copies``:
+    pages to copy before the step (copy-on-write of a shared partial prefix page)."""
+
+    decode: list[tuple[Request, int]]
+    chunks: list[tuple[Request, int, int]]
+    draws: list[Request | None]
+    copies: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (src, dst) pages
+
+
+@dataclasses.dataclass
+class SchedulerStats:
+    steps: int = 0
+    decode_tokens: int = 0
+    prefill_tokens: int = 0  # tokens fed in chunk rows
+    prompt_tokens_computed: int = 0  # prompt positions fed (rows of either kind)
+    prefix_hit_tokens: int = 0  # prompt tokens found in shared pages, not fed
+    preemptions: int = 0
+
+
+class Scheduler:
+    def __init__(
+        self,
+        pool: PagePool,
+        page_size: int,
+        *,
+        max_batch: int,
+        max_prefill_rows: int,
+        prefill_chunk: int,
+    ):
+        self.pool = pool
+        self.page_size = page_size
+        self.max_batch = max_batch
+        self.max_prefill_rows = max_prefill_rows
+        self.prefill_chunk = prefill_chunk
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.running: list[Request] = []  # in admission order
+        self.stats = SchedulerStats()
+        self._hashes: dict[int, list[int]] = {}  # request id -> its prompt's full-page hashes
+
+    def add(self, request: Request) -> None:
+        P = self.page_size
+        self._hashes[request.id] = prefix_hashes(request.prompt, P, len(request.prompt) // P)
+        self.waiting.append(request)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, request: Request, reason: str) -> None:
+        """Release a request's pages and forget it (the device may still write the slot of a
+        step dispatched before this call: it runs before any step that reuses the page)."""
+        if request.status is Status.RUNNING:
+            self.running.remove(request)
+        elif request.status is Status.WAITING:
+            self.waiting.remove(request)
+        self.pool.release(request.pages)
+        request.pages = []
+        request.status = Status.FINISHED
+        request.finish_reason = reason
+        self._hashes.pop(request.id, None)
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self.pool.release(request.pages)
+        request.pages, request.num_cached = [], 0
+        request.status = Status.WAITING
+        request.num_preemptions += 1
+        self.waiting.appendleft(request)
+        self.stats.preemptions += 1
+
+    def _grow(self) -> None:
+        """A page for each decoding request whose next token starts one, preempting the most
+        recently admitted request while none is left."""
+        P = self.page_size
+        for r in list(self.running):
+            if r.status is not Status.RUNNING or r.to_feed != 1 or not r.may_draw:
+                continue
+            while r.num_cached // P >= len(r.pages):
+                got = self.pool.allocate(1)
+                if got is not None:
+                    r.pages += got
+                    continue
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is r:
+                    break
+
+    def _admit(self, copies: list[tuple[int, int]]) -> None:
+        P, pool = self.page_size, self.pool
+        for r in list(self.waiting):
+            if len(self.running) >= self.max_batch or r.pending:
+                break  # a preempted request waits for its in-flight token first
+            # Share whole pages of the prompt, but feed at least one token (its logits draw).
+            hashes = self._hashes[r.id]
+            cap = r.num_tokens - 1
+            found = pool.lookup(hashes)
+            shared = found[: cap // P]
+            if not all(pool.is_written(p) for p in found[: len(shared) + 1]):
+                continue  # an earlier request is prefilling this prefix: wait, don't repeat it
+            k = len(shared)
+            source, run = self._copy_source(r, found, k, cap - k * P)
+            need = -(-r.num_tokens // P) - k
+            revived = sum(pool.refs(p) == 0 for p in shared + [source][:run])
+            if need > pool.num_available - revived:
+                break
+            pool.share(shared + [source][:run])  # the source stays put while pages are taken
+            r.pages = shared + pool.allocate(need)
+            if run:
+                pool.release([source])
+                copies.append((source, r.pages[k]))
+            for j in range(k, len(hashes)):
+                pool.register(r.pages[j], hashes[j])
+            r.num_cached = k * P + run
+            r.status = Status.RUNNING
+            self.waiting.remove(r)
+            self.running.append(r)
+            self.stats.prefix_hit_tokens += min(r.num_cached, len(r.prompt))
+
+    def _copy_source(self, r: Request, found, k: int, limit: int) -> tuple[int, int]:
+        """A written page whose first tokens continue ``r``'s prompt after its ``k`` shared
+        pages, to copy rather than compute: the next full prompt page when only the one-token
+        rule kept it from being shared, else the page at that place of another prompt with the
+        same first ``k`` pages that starts with the most of ``r``'s next tokens. ``(page,
+        tokens)``, ``(0, 0)`` for none; at most ``limit`` tokens."""
+        P, pool = self.page_size, self.pool
+        if limit <= 0:
+            return 0, 0
+        if len(found) > k:  # written: checked by the caller
+            return found[k], min(P, limit)
+        parent = self._hashes[r.id][k - 1] if k else None
+        page, run = pool.lookup_partial(parent, r.prompt[k * P : k * P + limit])
+        return page, min(run, limit)
+
+    def _fed(self, r: Request, count: int) -> None:
+        P, n = self.page_size, len(r.prompt)
+        start = r.num_cached
+        self.stats.prompt_tokens_computed += max(0, min(n, start + count) - start)
+        r.num_cached += count
+        for j in range(start // P, r.num_cached // P):
+            self.pool.mark_written(r.pages[j])
+        # Index each prompt page whose prompt tokens are now written, for copy-on-write.
+        for j in range(start // P, -(-min(n, r.num_cached) // P)):
+            end = min((j + 1) * P, n)
+            if start < end <= r.num_cached:
+                parent = self._hashes[r.id][j - 1] if j else None
+                self.pool.register_partial(r.pages[j], parent, r.prompt[j * P : end])
+
+    def schedule(self, previous_rows: dict[int, int]) -> StepPlan | None:
+        """The next step (None: nothing to run), its bookkeeping applied as if dispatched.
+        ``previous_rows``: request id -> the previous step's output row that drew its pending
+        token."""
+        self._grow()
+        copies: list[tuple[int, int]] = []
+        self._admit(copies)
+        decode, chunks, draws = [], [], []
+        for r in self.running:
+            if r.to_feed == 1 and r.may_draw and len(decode) < self.max_batch:
+                pending = r.num_cached >= r.num_known
+                decode.append((r, previous_rows[r.id] if pending else -1))
+        for r in self.running:
+            if r.to_feed > 1 and len(chunks) < self.max_prefill_rows:
+                chunks.append((r, r.num_cached, min(r.to_feed, self.prefill_chunk)))
+        if not decode and not chunks:
+            assert not copies, "an admitted request always gets a row"
+            return None
+        for r, _ in decode:
+            self._fed(r, 1)
+            r.pending += 1
+            draws.append(r)
+            self.stats.decode_tokens += 1
+        for r, _, n in chunks:
+            last = n == r.to_feed
+            self._fed(r, n)
+            self.stats.prefill_tokens += n
+            if last:
+                r.pending += 1
+            draws.append(r if last else None)
+        self.stats.steps += 1
+        return StepPlan(decode, chunks, draws, copies)
+
+    def check(self) -> None:
+        """Assert the page pool's invariants against the requests' page lists."""
+        holders = [r.pages for r in self.running] + [r.pages for r in self.waiting]
+        assert all(not r.pages for r in self.waiting), "a waiting request holds pages"
+        self.pool.check(holders)
+        P = self.page_size
+        for r in self.running:
+            assert len(r.pages) * P >= r.num_cached, f"request {r.id} lost pages"
