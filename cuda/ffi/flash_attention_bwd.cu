@@ -56,7 +56,7 @@ ffi::Error FlashAttentionBwdCuda(cudaStream_t stream, ffi::ScratchAllocator scra
   const int64_t bytes =
       flash_bwd_workspace_bytes(p.fwd, mma ? kBwdMmaBlockM : 0, p.deterministic);
   if (bytes > 0) {
-    std::optional<void*> ws = scratch.Allocate(static_cast<size_t>(bytes), 256);
+    std::optional<void*> ws = scratch.Allocate(static_cast<size_t>(bytes), 16);
     if (!ws.has_value())
       return ffi::Error(ffi::ErrorCode::kResourceExhausted,
                         "jax_flash.flash_attention (backward): could not allocate " +

@@ -18,7 +18,9 @@
 namespace jax_flash {
 
 // ---------------------------------------------------------------------------------------------
-// Workspace (device scratch from the FFI handler), 256-byte aligned pieces:
+// Workspace (device scratch from the FFI handler, asked 16-byte aligned: the most XLA's FFI
+// allocator accepts; its allocations are 256-byte aligned in practice),
+// at offsets that are multiples of 256 bytes:
 //   delta     [num_heads, total_q]                 float32   every path
 //   dq_accum  [total_q, num_heads, head_dim]       float32   tensor-core path (atomics target)
 //   dq_turn   [num_heads, q_tile_slots]            int32     tensor-core deterministic path:
