@@ -75,6 +75,7 @@ except ImportError:
 for _name, _capsule in _cpu.registrations().items():
     ffi.register_ffi_target(_name, _capsule, platform="cpu")
 
+_CUDA_TARGETS = frozenset() if _cuda is None else frozenset(_cuda.registrations())
 if _cuda is not None:
     for _name, _capsule in _cuda.registrations().items():
         ffi.register_ffi_target(_name, _capsule, platform="CUDA")
@@ -83,3 +84,8 @@ if _cuda is not None:
 def has_cuda_kernels() -> bool:
     """Whether this build of jax_flash contains the CUDA kernels."""
     return _cuda is not None
+
+
+def has_cuda_target(name: str) -> bool:
+    """Whether this build's CUDA module registers the FFI target `name`."""
+    return _cuda is not None and name in _CUDA_TARGETS

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 from .. import reference
-from ..primitives.flash_attention import FlashConfig, flash_attention_p
+from ..primitives.flash_attention import FlashConfig
+from ..primitives.flash_attention_vjp import flash_attention_packed
 from . import _checks
 
 _OP = "flash_attention"
 _OP_VARLEN = "flash_attention_varlen"
 
 
-def _config(scale, cap, window, max_seqlen_q, fill_uncovered, implementation, dense):
+def _config(scale, cap, window, max_seqlen_q, fill_uncovered, implementation, dense, deterministic):
     return FlashConfig(
         softmax_scale=scale,
         softcap=cap,
@@ -22,7 +24,17 @@ def _config(scale, cap, window, max_seqlen_q, fill_uncovered, implementation, de
         fill_uncovered=fill_uncovered,
         implementation=implementation,
         dense=dense,
+        deterministic=deterministic,
     )
+
+
+def _check_deterministic(op, deterministic):
+    if not isinstance(deterministic, (bool, np.bool_)):
+        raise TypeError(
+            f"{op}: deterministic must be a bool, got {deterministic!r} "
+            f"({type(deterministic).__name__})"
+        )
+    return bool(deterministic)
 
 
 def _check_qkv(op, q, k, v, rank, layout_q, layout_k, layout_v):
@@ -58,6 +70,7 @@ def flash_attention(
     kv_seqlens=None,
     return_lse: bool = False,
     implementation: str | None = None,
+    deterministic: bool = False,
 ):
     """Fused multi-head attention ``softmax(q k^T * scale) v`` without materialising the scores.
 
@@ -87,6 +100,10 @@ def flash_attention(
         reference on platforms without one); "xla" is :mod:`jax_flash.reference` (pure jnp,
         materialises the scores). The CUDA kernel takes head dims up to 256; for larger ones
         None falls back to the jnp reference (O(S^2) memory) and "cuda" raises a ValueError.
+    deterministic : bool
+        Gradients only (the forward ignores it): the backward kernel accumulates without
+        atomics, so gradients are bit-identical run to run (on CUDA slower than the default,
+        which accumulates dq with float32 atomics; the CPU kernel is deterministic either way).
 
     Returns
     -------
@@ -102,6 +119,13 @@ def flash_attention(
     >>> v = jax.random.normal(kv, (2, 128, 2, 64), jnp.bfloat16)
     >>> jax_flash.flash_attention(q, k, v, causal=True).shape
     (2, 128, 8, 64)
+
+    Differentiable in q, k and v (and through ``lse``): the backward recomputes the softmax
+    from lse (O(S) extra memory), and rows that see no key get zero gradients.
+
+    >>> dq = jax.grad(lambda q: jax_flash.flash_attention(q, k, v).astype(jnp.float32).sum())(q)
+    >>> dq.shape, dq.dtype
+    ((2, 128, 8, 64), dtype(bfloat16))
     """
     _check_qkv(_OP, q, k, v, 4, "[B, Sq, Hq, D]", "[B, Skv, Hkv, D]", "[B, Skv, Hkv, Dv]")
     B, Sq, Hq, D = q.shape
@@ -115,6 +139,7 @@ def flash_attention(
     window = reference.normalize_window(causal, sliding_window, _OP)
     scale, cap = _checks.scale_and_cap(_OP, D, softmax_scale, logits_soft_cap)
     _checks.implementation(_OP, implementation)
+    deterministic = _check_deterministic(_OP, deterministic)
     if B * max(Sq, Skv) > _checks.INT32_MAX:
         raise ValueError(f"{_OP}: B*S must stay below 2^31 rows, got q {q.shape}, k {k.shape}")
 
@@ -140,8 +165,10 @@ def flash_attention(
     k_starts = jnp.arange(B, dtype=jnp.int32) * Skv
     q_len = jnp.full((B,), Sq, jnp.int32) if q_seqlens is None else jnp.clip(q_seqlens, 0, Sq)
     k_len = jnp.full((B,), Skv, jnp.int32) if kv_seqlens is None else jnp.clip(kv_seqlens, 0, Skv)
-    config = _config(scale, cap, window, Sq, q_seqlens is not None, implementation, dense=True)
-    o, lse = flash_attention_p.bind(
+    config = _config(
+        scale, cap, window, Sq, q_seqlens is not None, implementation, True, deterministic
+    )
+    o, lse = flash_attention_packed(
         q.reshape(B * Sq, Hq, D),
         k.reshape(B * Skv, Hkv, D),
         v.reshape(B * Skv, Hkv, Dv),
@@ -170,6 +197,7 @@ def flash_attention_varlen(
     logits_soft_cap: float | None = None,
     return_lse: bool = False,
     implementation: str | None = None,
+    deterministic: bool = False,
 ):
     """Fused attention over packed sequences of different lengths, with no padding compute.
 
@@ -187,7 +215,7 @@ def flash_attention_varlen(
         an out-of-bounds access. Rows owned by no sequence (e.g. past ``cu_seqlens_q[B]``) give
         zeros and ``lse = -inf``; a row that clamped query ranges share holds one of their
         results.
-    causal, softmax_scale, sliding_window, logits_soft_cap, implementation
+    causal, softmax_scale, sliding_window, logits_soft_cap, implementation, deterministic
         As in :func:`flash_attention`.
     return_lse : bool
         Also return ``lse [Hq, Tq]`` float32.
@@ -220,6 +248,7 @@ def flash_attention_varlen(
     window = reference.normalize_window(causal, sliding_window, _OP_VARLEN)
     scale, cap = _checks.scale_and_cap(_OP_VARLEN, D, softmax_scale, logits_soft_cap)
     _checks.implementation(_OP_VARLEN, implementation)
+    deterministic = _check_deterministic(_OP_VARLEN, deterministic)
     if max(Tq, k.shape[0]) > _checks.INT32_MAX:
         raise ValueError(f"{_OP_VARLEN}: more than 2^31-1 packed rows")
 
@@ -240,8 +269,8 @@ def flash_attention_varlen(
         o = jnp.zeros((Tq, Hq, Dv), q.dtype)
         return (o, jnp.full((Hq, Tq), -jnp.inf, jnp.float32)) if return_lse else o
 
-    config = _config(scale, cap, window, Tq, True, implementation, dense=False)
-    o, lse = flash_attention_p.bind(
+    config = _config(scale, cap, window, Tq, True, implementation, False, deterministic)
+    o, lse = flash_attention_packed(
         q,
         k,
         v,

@@ -44,6 +44,9 @@ class FlashConfig:
     # Rows are B equal blocks, sequence b's in block b (the padded API): batch sharding splits
     # the row axes by whole sequences. False (varlen): the row axes are never split.
     dense: bool = False
+    # Backward only (the forward ignores it): no atomics in any accumulation, so gradients are
+    # bit-identical run to run.
+    deterministic: bool = False
 
 
 flash_attention_p = make_primitive("jax_flash_attention")
@@ -60,7 +63,7 @@ def _abstract_eval(q, k, v, q_starts, q_ends, k_starts, k_ends, *, config):
 flash_attention_p.def_abstract_eval(_abstract_eval)
 
 
-def _ffi_attrs(config: FlashConfig) -> dict:
+def ffi_attrs(config: FlashConfig) -> dict:
     # Attribute types must match the C++ handler exactly (f32 / i32).
     return {
         "softmax_scale": np.float32(config.softmax_scale),
@@ -72,7 +75,7 @@ def _ffi_attrs(config: FlashConfig) -> dict:
     }
 
 
-def _check_cuda(ctx, config):
+def check_cuda(ctx, config):
     q_aval, _, v_aval = ctx.avals_in[:3]
     d, dv = q_aval.shape[2], v_aval.shape[2]
     if max(d, dv) > CUDA_MAX_HEAD_DIM:
@@ -125,25 +128,38 @@ def _rule(config, shapes_in, shapes_out):
     return make_rule(ops, res, shapes_in, shapes_out, whole=whole, sizes=sizes)
 
 
-def _per_shard(config, got):
-    """A batch shard's starts/ends are global row offsets: make them local to the shard's
-    rows (its first sequence is local_index * B_local)."""
+def shard_local_starts(got):
+    """A batch shard's starts/ends are global row offsets: localise(tq, tk, qs, qe, ks, ke)
+    makes them local to the shard's tq q rows and tk k rows (its first sequence is
+    local_index * B_local). None when the batch is not split."""
     axes = got.get("b", ())
     if not axes:
         return None
 
-    def call(q, k, v, qs, qe, ks, ke):
+    def localise(tq, tk, qs, qe, ks, ke):
         nb = qs.shape[0]
         first = local_index(axes) * nb
-        q0 = (first * (q.shape[0] // nb)).astype(jnp.int32)
-        k0 = (first * (k.shape[0] // nb)).astype(jnp.int32)
-        return flash_attention_p.bind(q, k, v, qs - q0, qe - q0, ks - k0, ke - k0, config=config)
+        q0 = (first * (tq // nb)).astype(jnp.int32)
+        k0 = (first * (tk // nb)).astype(jnp.int32)
+        return qs - q0, qe - q0, ks - k0, ke - k0
+
+    return localise
+
+
+def _per_shard(config, got):
+    localise = shard_local_starts(got)
+    if localise is None:
+        return None
+
+    def call(q, k, v, *starts):
+        starts = localise(q.shape[0], k.shape[0], *starts)
+        return flash_attention_p.bind(q, k, v, *starts, config=config)
 
     return call
 
 
 register_lowerings(
-    flash_attention_p, "flash_attention", _ffi_attrs, _reference, _check_cuda,
+    flash_attention_p, "flash_attention", ffi_attrs, _reference, check_cuda,
     partitioning=Partitioning(_rule, _per_shard),
 )  # fmt: skip
 

@@ -1,0 +1,169 @@
+"""The `jax_flash_attention_bwd` primitive: gradients of fused attention over packed sequences.
+
+The backward of `jax_flash_attention` (same packed form and masking, same static FlashConfig),
+with the FFI contract of cuda/include/jax_flash/flash_bwd_params.h and
+cuda/ffi/flash_attention_bwd_common.h:
+
+    operands  q [Tq,Hq,D], k [Tk,Hkv,D], v [Tk,Hkv,Dv], o [Tq,Hq,Dv]   (dtype of q)
+              lse [Hq,Tq] f32 (forward results), do [Tq,Hq,Dv] (dtype of q), dlse [Hq,Tq] f32
+              q_starts/q_ends/k_starts/k_ends [B] int32
+    results   dq [Tq,Hq,D], dk [Tk,Hkv,D], dv [Tk,Hkv,Dv] (dtype of q)
+    params    config: FlashConfig (config.deterministic reaches the kernel)
+
+The kernels recompute the probabilities from lse (O(S) extra memory, never [Sq, Skv]); rows
+that see no key and rows no sequence owns get zero gradients. Differentiation itself (the
+custom_vjp around the forward's bind) is in flash_attention_vjp.py.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _native, reference
+from .._compat import NOT_MAPPED, ShapedArray, batching
+from . import flash_attention as forward
+from ._common import batch_first, make_primitive, register_lowerings
+from .flash_attention import FlashConfig, sequence_sharded_prefill, shard_local_starts
+from .partitioning import Partitioning, make_rule
+
+CUDA_TARGET = "jax_flash_flash_attention_bwd_cuda"
+
+flash_attention_bwd_p = make_primitive("jax_flash_attention_bwd")
+
+
+def _abstract_eval(q, k, v, o, lse, do, dlse, q_starts, q_ends, k_starts, k_ends, *, config):
+    del o, lse, do, dlse, q_starts, q_ends, k_starts, k_ends, config
+    return (
+        ShapedArray(q.shape, q.dtype),
+        ShapedArray(k.shape, q.dtype),
+        ShapedArray(v.shape, q.dtype),
+    )
+
+
+flash_attention_bwd_p.def_abstract_eval(_abstract_eval)
+
+
+def _ffi_attrs(config: FlashConfig) -> dict:
+    return {**forward.ffi_attrs(config), "deterministic": np.int32(config.deterministic)}
+
+
+def _check_cuda(ctx, config):
+    if not _native.has_cuda_target(CUDA_TARGET):
+        return "this build of jax_flash has no CUDA backward kernel"
+    return forward.check_cuda(ctx, config)
+
+
+def _reference(q, k, v, o, lse, do, dlse, q_starts, q_ends, k_starts, k_ends, *, config):
+    # Platforms without a native kernel: reverse mode of the jnp reference (O(Sq*Skv) memory).
+    del o, lse
+
+    def forward(q, k, v):
+        return reference.attention_packed(
+            q,
+            k,
+            v,
+            q_starts,
+            q_ends,
+            k_starts,
+            k_ends,
+            softmax_scale=config.softmax_scale,
+            softcap=config.softcap,
+            window_left=config.window_left,
+            window_right=config.window_right,
+            max_seqlen_q=config.max_seqlen_q,
+        )
+
+    _, vjp = jax.vjp(forward, q, k, v)
+    return list(vjp((do, dlse)))
+
+
+def _rule(config, shapes_in, shapes_out):
+    # As the forward's rule: dq like q, dk like k, dv like v; o/do like q's rows and heads,
+    # lse/dlse like the forward's lse.
+    (tq, hq, _), (tk, hkv, _) = shapes_in[:2]
+    nb = shapes_in[7][0]
+    sizes = {"g": hq // hkv}
+    whole = ("d", "e")
+    if config.dense:
+        rows_q, rows_k, seqs = "(b s)", "(b t)", "b"
+        sizes.update(s=tq // nb, t=tk // nb)
+        whole += sequence_sharded_prefill()
+    else:
+        rows_q, rows_k, seqs = "s", "t", "b"
+        whole += ("s", "t", "b")
+    q_, k_, v_ = f"{rows_q} (h g) d", f"{rows_k} h d", f"{rows_k} h e"
+    o_, lse_ = f"{rows_q} (h g) e", f"(h g) {rows_q}"
+    ops = [q_, k_, v_, o_, lse_, o_, lse_, seqs, seqs, seqs, seqs]
+    return make_rule(ops, [q_, k_, v_], shapes_in, shapes_out, whole=whole, sizes=sizes)
+
+
+def _per_shard(config, got):
+    localise = shard_local_starts(got)
+    if localise is None:
+        return None
+
+    def call(q, k, v, o, lse, do, dlse, *starts):
+        starts = localise(q.shape[0], k.shape[0], *starts)
+        return flash_attention_bwd_p.bind(q, k, v, o, lse, do, dlse, *starts, config=config)
+
+    return call
+
+
+register_lowerings(
+    flash_attention_bwd_p, "flash_attention_bwd", _ffi_attrs, _reference, _check_cuda,
+    partitioning=Partitioning(_rule, _per_shard),
+)  # fmt: skip
+
+# TEMPORARY, until the CPU backward kernel lands on this branch: the CPU platform runs the
+# reference lowering (jax.vjp of reference.attention_packed) instead of the FFI target.
+from jax._src.interpreters import mlir as _mlir_internal  # noqa: E402
+
+_mlir_internal._platform_specific_lowerings["cpu"].pop(flash_attention_bwd_p)
+
+
+def _batch(args, dims, *, config):
+    # Every mapped axis is folded into the packed rows, as the forward does in general: instance
+    # n's rows follow instance n-1's. (The forward's fold into query heads when only q is mapped
+    # does not carry over: dk/dv would come out summed over the instances, but a batched result
+    # needs each instance's own.)
+    size = next(x.shape[d] for x, d in zip(args, dims, strict=True) if d is not NOT_MAPPED)
+    first = [batch_first(x, d, size) for x, d in zip(args, dims, strict=True)]
+    q, k, v, o, lse, do, dlse, qs, qe, ks, ke = first
+    tq, tk = q.shape[1], k.shape[1]
+    q_off = (jnp.arange(size, dtype=jnp.int32) * tq)[:, None]
+    k_off = (jnp.arange(size, dtype=jnp.int32) * tk)[:, None]
+    # Clamp per instance first (as the kernels do), so that no instance reaches into another's.
+    qs = jnp.clip(qs, 0, tq)
+    qe = jnp.clip(qe, qs, tq)
+    ks = jnp.clip(ks, 0, tk)
+    ke = jnp.clip(ke, ks, tk)
+
+    def rows(x):  # [N, T, ...] -> [N*T, ...]
+        return x.reshape((-1,) + x.shape[2:])
+
+    def heads_rows(x):  # [N, H, T] -> [H, N*T]
+        return jnp.moveaxis(x, 0, 1).reshape(x.shape[1], -1)
+
+    dq, dk, dv = flash_attention_bwd_p.bind(
+        rows(q),
+        rows(k),
+        rows(v),
+        rows(o),
+        heads_rows(lse),
+        rows(do),
+        heads_rows(dlse),
+        (qs + q_off).reshape(-1),
+        (qe + q_off).reshape(-1),
+        (ks + k_off).reshape(-1),
+        (ke + k_off).reshape(-1),
+        config=config,
+    )
+    dq = dq.reshape((size, tq) + dq.shape[1:])
+    dk = dk.reshape((size, tk) + dk.shape[1:])
+    dv = dv.reshape((size, tk) + dv.shape[1:])
+    return (dq, dk, dv), (0, 0, 0)
+
+
+batching.primitive_batchers[flash_attention_bwd_p] = _batch
