@@ -10,10 +10,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import CUDA_SKIP
 
 from jax_flash import reference
-from tests._util import randn, rel_err
-from tests.conftest import CUDA_SKIP
+
+from _util import randn, rel_err
 
 pytestmark = pytest.mark.skipif(CUDA_SKIP is not None, reason=str(CUDA_SKIP))
 
@@ -123,7 +124,8 @@ def test_tensor_core(rng, dtype, d, case):
 
 
 @pytest.mark.parametrize(
-    "dtype,d,dv", [("float32", 64, 64), ("float32", 96, 40), ("bfloat16", 256, 256), ("float16", 80, 80)]
+    "dtype,d,dv",
+    [("float32", 64, 64), ("float32", 96, 40), ("bfloat16", 256, 256), ("float16", 80, 80)],
 )
 @pytest.mark.parametrize("case", CASES[1:3], ids=[c[0] for c in CASES[1:3]])
 def test_simt(rng, dtype, d, dv, case):
