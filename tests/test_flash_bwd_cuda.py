@@ -137,7 +137,7 @@ def test_simt(rng, dtype, d, dv, case):
 @pytest.mark.parametrize("d", [64, 128])
 def test_deterministic(rng, d):
     cfg = dict(softmax_scale=1.0 / np.sqrt(d), softcap=0.0, window_left=-1, window_right=0)
-    args = _check(rng, jnp.dtype("bfloat16"), [700, 333], [700, 1000], 8, 2, d, d, cfg)
+    args = _check(rng, jnp.dtype("bfloat16"), [300, 133], [420, 520], 8, 2, d, d, cfg)
     *inputs, got_fast = args
     first = _bwd(*inputs, True)
     for _ in range(3):
