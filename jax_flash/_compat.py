@@ -5,6 +5,7 @@ Supported: jax/jaxlib >= 0.10.0 (tested with 0.10.2 on CPU and 0.11.2 with CUDA 
 
 import jax
 from jax import ffi
+from jax._src import core as jax_core
 from jax._src import dispatch, sharding_impls
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
@@ -54,6 +55,22 @@ def explicit_axes(avals):
     return None, frozenset()
 
 
+def varying_axes(aval) -> frozenset:
+    """The manual mesh axes (inside shard_map) over which `aval` may vary."""
+    mat = getattr(aval, "manual_axis_type", None)
+    return frozenset(getattr(mat, "varying", ()))
+
+
+def with_varying_axes(aval, axes: frozenset):
+    """`aval` typed as varying over the manual mesh axes `axes` too."""
+    mat = getattr(aval, "manual_axis_type", None)
+    if not axes or mat is None or axes <= mat.varying:
+        return aval
+    if aval.sharding.mesh.empty:  # the manual axes belong to the mesh being traced
+        aval = aval.update(sharding=jax_core.get_cur_mesh_sharding())
+    return aval.update(manual_axis_type=mat.update(varying=mat.varying | axes))
+
+
 def tensor_shape(ir_type) -> tuple[int, ...]:
     """The shape of an MLIR ranked tensor type (custom_partitioning's sharding_rule callback)."""
     return tuple(mlir.ir.RankedTensorType(ir_type).shape)
@@ -73,4 +90,6 @@ __all__ = [
     "mark_needs_devices",
     "mlir",
     "tensor_shape",
+    "varying_axes",
+    "with_varying_axes",
 ]

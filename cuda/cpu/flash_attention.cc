@@ -27,6 +27,7 @@
 
 #include "cpu_math.h"  // cuda/cpu: exp_approx, round_up, JF_INLINE
 #include "dtype_io.h"
+#include "gemm.h"  // cuda/cpu: the float32 GEMM micro-kernel
 #include "jax_flash/numeric.h"  // f2u
 #include "thread_pool.h"  // cuda/cpu: the process-wide pool shared by the CPU kernels
 
@@ -47,80 +48,23 @@ constexpr int kBlockN = JAX_FLASH_CPU_BLOCK_N;  // keys per tile
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 using cpu::Elem;  // element loads and stores by DType (dtype_io.h)
+using cpu::gemm;
+using cpu::thread_scratch;
 using cpu::exp_approx;
 using cpu::round_up;
 
-// C[M, N] (+)= A[M, K] B[K, N], float32. Element (i, k) of A is A[i * a_rs + k * a_cs]; B and C
-// are row-major. M % MR == 0, N % (W * NV) == 0. An MR x (W * NV) block of C stays in registers
-// over the K loop: each step broadcasts MR elements of A against NV vectors of a row of B.
-// With GCC / Clang the block is held in generic vector types (vector_size; no ISA-specific
-// intrinsics: the compiler lowers them to whatever the target has, e.g. 2 x SSE for a 256-bit
-// type). Plain loops are not used here because the auto-vectoriser then vectorises the K loop
-// with shuffles and spills the block.
-template <int W, int MR, int NV, bool kAccumulate>
-JF_INLINE void gemm(int M, int N, int K, const float* JF_RESTRICT A, int64_t a_rs, int64_t a_cs,
-                    const float* JF_RESTRICT B, int64_t ldb, float* JF_RESTRICT C, int64_t ldc) {
-  constexpr int NR = W * NV;
-#if defined(__GNUC__)
-  typedef float V __attribute__((vector_size(W * sizeof(float))));
-  for (int i = 0; i < M; i += MR) {
-    const float* a = A + i * a_rs;
-    for (int j = 0; j < N; j += NR) {
-      V c[MR][NV];
-      for (int ii = 0; ii < MR; ++ii)
-        for (int v = 0; v < NV; ++v) {
-          if (kAccumulate)
-            std::memcpy(&c[ii][v], C + (i + ii) * ldc + j + v * W, sizeof(V));
-          else
-            c[ii][v] = V{};
-        }
-      const float* b = B + j;
-      for (int k = 0; k < K; ++k) {
-        V bk[NV];
-        for (int v = 0; v < NV; ++v) std::memcpy(&bk[v], b + k * ldb + v * W, sizeof(V));
-        for (int ii = 0; ii < MR; ++ii) {
-          const float av = a[ii * a_rs + k * a_cs];
-          for (int v = 0; v < NV; ++v) c[ii][v] += av * bk[v];
-        }
-      }
-      for (int ii = 0; ii < MR; ++ii)
-        for (int v = 0; v < NV; ++v)
-          std::memcpy(C + (i + ii) * ldc + j + v * W, &c[ii][v], sizeof(V));
-    }
-  }
-#else
-  for (int i = 0; i < M; i += MR) {
-    const float* a = A + i * a_rs;
-    for (int j = 0; j < N; j += NR) {
-      float c[MR][NR];
-      for (int ii = 0; ii < MR; ++ii)
-        for (int jj = 0; jj < NR; ++jj) c[ii][jj] = kAccumulate ? C[(i + ii) * ldc + j + jj] : 0.0f;
-      const float* b = B + j;
-      for (int k = 0; k < K; ++k) {
-        const float* bk = b + k * ldb;
-        for (int ii = 0; ii < MR; ++ii) {
-          const float av = a[ii * a_rs + k * a_cs];
-          for (int jj = 0; jj < NR; ++jj) c[ii][jj] += av * bk[jj];
-        }
-      }
-      for (int ii = 0; ii < MR; ++ii)
-        for (int jj = 0; jj < NR; ++jj) C[(i + ii) * ldc + j + jj] = c[ii][jj];
-    }
-  }
-#endif
-}
-
-// Micro-kernel shape: vectors of W floats; MR x NV vectors of C are held in registers.
-template <int W_, int MR_, int NV_>
-struct Cfg {
-  static constexpr int W = W_, MR = MR_, NV = NV_, NR = W_ * NV_;
+// Micro-kernel shape (gemm.h) and the tile extents padded for it.
+template <class Tile>
+struct Cfg : Tile {
+  using Tile::MR;
+  using Tile::NR;
   // Query rows / key rows of a tile, padded for the micro-kernel (both GEMMs).
   static constexpr int RC = std::max((kBlockM + NR - 1) / NR * NR, (kBlockM + MR - 1) / MR * MR);
   static constexpr int KR = (kBlockN + MR - 1) / MR * MR;
 };
-using CfgGeneric = Cfg<4, 4, 2>;  // 8 accumulators of 128 bits (baseline x86-64 has 16 xmm)
-using CfgAvx2 = Cfg<8, 6, 2>;     // 12 accumulators of 256 bits (16 ymm)
-using CfgAvx512 = Cfg<16, 6, 2>;  // 12 accumulators of 512 bits (32 zmm)
+using CfgGeneric = Cfg<cpu::TileGeneric>;
+using CfgAvx2 = Cfg<cpu::TileAvx2>;
+using CfgAvx512 = Cfg<cpu::TileAvx512>;
 
 // Floats of per-thread scratch that one work item needs.
 int64_t scratch_floats(const FlashParams& p, int rc, int kr, int nr) {
@@ -352,22 +296,6 @@ using cpu::parallel_for;
 using cpu::ThreadPool;
 
 // ---------------------------------------------------------------------------------------------
-
-// Per-thread scratch of at least n floats, kept for the thread's lifetime and grown on demand
-// (no allocation per row or per call once warm). nullptr if the allocation fails.
-float* thread_scratch(int64_t n) {
-  thread_local std::vector<float> buf;
-  if (static_cast<int64_t>(buf.size()) < n) {
-    try {
-      buf.clear();
-      buf.shrink_to_fit();
-      buf.resize(static_cast<size_t>(n));
-    } catch (...) {
-      return nullptr;
-    }
-  }
-  return buf.data();
-}
 
 struct WorkItem {
   int32_t b, i0, rows;

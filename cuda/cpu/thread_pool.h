@@ -17,6 +17,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 namespace jax_flash {
 namespace cpu {
@@ -124,6 +125,23 @@ template <typename F>
 void parallel_for(int64_t n, F& f) {
   ThreadPool::get().run(
       n, [](void* ctx, int64_t i) { (*static_cast<F*>(ctx))(i); }, &f);
+}
+
+// Per-thread scratch of at least n floats for the kernels' work items, kept for the thread's
+// lifetime and grown on demand (no allocation per item or per call once warm); one buffer per
+// thread, shared by every kernel that runs on it. nullptr if the allocation fails.
+inline float* thread_scratch(int64_t n) {
+  thread_local std::vector<float> buf;
+  if (static_cast<int64_t>(buf.size()) < n) {
+    try {
+      buf.clear();
+      buf.shrink_to_fit();
+      buf.resize(static_cast<size_t>(n));
+    } catch (...) {
+      return nullptr;
+    }
+  }
+  return buf.data();
 }
 
 }  // namespace cpu

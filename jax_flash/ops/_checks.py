@@ -37,6 +37,13 @@ def int_vector(op: str, name: str, x, length: int):
     return jnp.asarray(x, jnp.int32)
 
 
+def boolean(op: str, name: str, x) -> bool:
+    """A Python (or NumPy) bool, known when tracing."""
+    if not isinstance(x, (bool, np.bool_)):
+        raise TypeError(f"{op}: {name} must be a bool, got {x!r} ({type(x).__name__})")
+    return bool(x)
+
+
 def static_int(op: str, name: str, x, minimum: int) -> int:
     """A Python (or NumPy) int >= minimum, known when tracing: shapes and loop bounds."""
     if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):

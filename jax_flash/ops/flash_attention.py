@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
-import numpy as np
 
 from .. import reference
 from ..primitives.flash_attention import FlashConfig
@@ -26,15 +25,6 @@ def _config(scale, cap, window, max_seqlen_q, fill_uncovered, implementation, de
         dense=dense,
         deterministic=deterministic,
     )
-
-
-def _check_deterministic(op, deterministic):
-    if not isinstance(deterministic, (bool, np.bool_)):
-        raise TypeError(
-            f"{op}: deterministic must be a bool, got {deterministic!r} "
-            f"({type(deterministic).__name__})"
-        )
-    return bool(deterministic)
 
 
 def _check_qkv(op, q, k, v, rank, layout_q, layout_k, layout_v):
@@ -139,7 +129,7 @@ def flash_attention(
     window = reference.normalize_window(causal, sliding_window, _OP)
     scale, cap = _checks.scale_and_cap(_OP, D, softmax_scale, logits_soft_cap)
     _checks.implementation(_OP, implementation)
-    deterministic = _check_deterministic(_OP, deterministic)
+    deterministic = _checks.boolean(_OP, "deterministic", deterministic)
     if B * max(Sq, Skv) > _checks.INT32_MAX:
         raise ValueError(f"{_OP}: B*S must stay below 2^31 rows, got q {q.shape}, k {k.shape}")
 
@@ -248,7 +238,7 @@ def flash_attention_varlen(
     window = reference.normalize_window(causal, sliding_window, _OP_VARLEN)
     scale, cap = _checks.scale_and_cap(_OP_VARLEN, D, softmax_scale, logits_soft_cap)
     _checks.implementation(_OP_VARLEN, implementation)
-    deterministic = _check_deterministic(_OP_VARLEN, deterministic)
+    deterministic = _checks.boolean(_OP_VARLEN, "deterministic", deterministic)
     if max(Tq, k.shape[0]) > _checks.INT32_MAX:
         raise ValueError(f"{_OP_VARLEN}: more than 2^31-1 packed rows")
 

@@ -14,9 +14,10 @@ Which calls a device makes is static (`_tiles.plan`): positions follow from the 
 device index, and where plans differ between devices one `lax.switch` on the device index picks
 the device's own. Causal masks are load-balanced by the zigzag layout (`zigzag`).
 
-Gradients: nothing here blocks reverse mode. The merge is plain jnp, ppermute/all_gather and
-switch have transpose rules, so once `flash_attention` has a VJP (including the cotangent of
-its lse output, which the merge uses) these functions differentiate without change.
+Gradients: reverse mode works through every strategy and layout. The merge is plain jnp,
+ppermute/all_gather and switch have transpose rules, and `flash_attention` has a VJP that takes
+the cotangent of its lse output (which the merge uses); tests/test_grad.py checks the gradients
+against the reference on host devices.
 """
 
 from __future__ import annotations
@@ -198,7 +199,7 @@ def _resolve_strategy(strategy, *, n, q_layout, kv_layout, sl, window, gathered_
     return choose_strategy(n=n, gathered_kv_bytes=gathered_kv_bytes, ring_steps=steps)
 
 
-def _kernel(scale, cap, implementation):
+def _kernel(scale, cap, implementation, deterministic):
     def call(q, k, v, window):
         return flash_attention(
             q,
@@ -209,6 +210,7 @@ def _kernel(scale, cap, implementation):
             logits_soft_cap=cap,
             return_lse=True,
             implementation=implementation,
+            deterministic=deterministic,
         )
 
     return call
@@ -230,6 +232,7 @@ def ring_attention(
     return_lse: bool = False,
     axis_size: int | None = None,
     implementation: str | None = None,
+    deterministic: bool = False,
 ):
     """Exact attention over a sequence sharded on mesh axis ``axis_name``: the per-device
     function, to call inside `jax.shard_map` (``axis_name`` manual there).
@@ -259,7 +262,8 @@ def ring_attention(
         denominator over the whole sequence).
     axis_size : int or None
         The size n of ``axis_name``; None asks `jax.lax.axis_size`.
-    implementation : as in `jax_flash.flash_attention` (the kernel each device runs).
+    implementation, deterministic : as in `jax_flash.flash_attention` (the kernel each device
+        runs; the merge is deterministic either way).
 
     Returns
     -------
@@ -286,6 +290,7 @@ def ring_attention(
     _choice(op, "kv_layout", kv_layout, LAYOUTS)
     _choice(op, "strategy", strategy, ("auto", *STRATEGIES))
     _checks.implementation(op, implementation)
+    deterministic = _checks.boolean(op, "deterministic", deterministic)
     window = reference.normalize_window(causal, sliding_window, op)
     scale, cap = _checks.scale_and_cap(op, q.shape[3], softmax_scale, logits_soft_cap)
     n = jax.lax.axis_size(axis_name) if axis_size is None else axis_size
@@ -313,7 +318,7 @@ def ring_attention(
         q_layout=layout,
         kv_layout=kv_layout,
         strategy=strategy,
-        kernel=_kernel(scale, cap, implementation),
+        kernel=_kernel(scale, cap, implementation, deterministic),
     )
     o = o.astype(q.dtype)
     return (o, lse) if return_lse else o
@@ -422,6 +427,7 @@ def context_parallel_attention(
     layout: str = "auto",
     reorder: bool = True,
     implementation: str | None = None,
+    deterministic: bool = False,
 ):
     """`jax_flash.flash_attention` of one self-attention with its sequence sharded over the mesh
     axis ``seq_axis`` (context parallelism), on global arrays.
@@ -439,7 +445,8 @@ def context_parallel_attention(
     seq_axis : the mesh axis sharding the sequence.
     batch_axis, head_axis : None, a mesh axis name or a tuple of names sharding B and the heads
         (Hkv divisible by the head axes' size, so each device keeps its q heads' KV group).
-    causal, softmax_scale, sliding_window, logits_soft_cap, return_lse, implementation :
+    causal, softmax_scale, sliding_window, logits_soft_cap, return_lse, implementation,
+    deterministic :
         as in `jax_flash.flash_attention`.
     strategy : "auto" (`choose_strategy`), "ring" or "allgather".
     layout : "auto", "natural" or "zigzag". "auto" is "zigzag" for a causal mask with no left
@@ -459,9 +466,8 @@ def context_parallel_attention(
 
     Notes
     -----
-    Forward only for now, as `jax_flash.flash_attention`: the merge, the collectives and the
-    switch all differentiate, so a VJP of the kernel (with its lse output) is all the backward
-    pass will need.
+    Differentiable in q, k and v (and through ``lse``): the merge, the collectives and the
+    switch differentiate, with the VJP of `jax_flash.flash_attention` on each device.
 
     Examples
     --------
@@ -508,6 +514,7 @@ def context_parallel_attention(
         )
     _checks.scale_and_cap(op, D, softmax_scale, logits_soft_cap)
     _checks.implementation(op, implementation)
+    _checks.boolean(op, "deterministic", deterministic)
     if layout == "auto":
         balanced = window == (-1, 0) and S % (2 * n) == 0
         layout = "zigzag" if balanced else "natural"
@@ -540,6 +547,7 @@ def context_parallel_attention(
         strategy=strategy,
         return_lse=True,
         implementation=implementation,
+        deterministic=deterministic,
     )
 
     def body(q, k, v):

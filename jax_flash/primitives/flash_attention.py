@@ -63,7 +63,7 @@ def _abstract_eval(q, k, v, q_starts, q_ends, k_starts, k_ends, *, config):
 flash_attention_p.def_abstract_eval(_abstract_eval)
 
 
-def ffi_attrs(config: FlashConfig) -> dict:
+def _ffi_attrs(config: FlashConfig) -> dict:
     # Attribute types must match the C++ handler exactly (f32 / i32).
     return {
         "softmax_scale": np.float32(config.softmax_scale),
@@ -75,7 +75,7 @@ def ffi_attrs(config: FlashConfig) -> dict:
     }
 
 
-def check_cuda(ctx, config):
+def _check_cuda(ctx, config):
     q_aval, _, v_aval = ctx.avals_in[:3]
     d, dv = q_aval.shape[2], v_aval.shape[2]
     if max(d, dv) > CUDA_MAX_HEAD_DIM:
@@ -159,7 +159,7 @@ def _per_shard(config, got):
 
 
 register_lowerings(
-    flash_attention_p, "flash_attention", ffi_attrs, _reference, check_cuda,
+    flash_attention_p, "flash_attention", _ffi_attrs, _reference, _check_cuda,
     partitioning=Partitioning(_rule, _per_shard),
 )  # fmt: skip
 

@@ -46,13 +46,13 @@ flash_attention_bwd_p.def_abstract_eval(_abstract_eval)
 
 
 def _ffi_attrs(config: FlashConfig) -> dict:
-    return {**forward.ffi_attrs(config), "deterministic": np.int32(config.deterministic)}
+    return {**forward._ffi_attrs(config), "deterministic": np.int32(config.deterministic)}
 
 
 def _check_cuda(ctx, config):
     if not _native.has_cuda_target(CUDA_TARGET):
         return "this build of jax_flash has no CUDA backward kernel"
-    return forward.check_cuda(ctx, config)
+    return forward._check_cuda(ctx, config)
 
 
 def _reference(q, k, v, o, lse, do, dlse, q_starts, q_ends, k_starts, k_ends, *, config):
@@ -116,18 +116,13 @@ register_lowerings(
     partitioning=Partitioning(_rule, _per_shard),
 )  # fmt: skip
 
-# TEMPORARY, until the CPU backward kernel lands on this branch: the CPU platform runs the
-# reference lowering (jax.vjp of reference.attention_packed) instead of the FFI target.
-from jax._src.interpreters import mlir as _mlir_internal  # noqa: E402
-
-_mlir_internal._platform_specific_lowerings["cpu"].pop(flash_attention_bwd_p)
-
 
 def _batch(args, dims, *, config):
     # Every mapped axis is folded into the packed rows, as the forward does in general: instance
     # n's rows follow instance n-1's. (The forward's fold into query heads when only q is mapped
     # does not carry over: dk/dv would come out summed over the instances, but a batched result
-    # needs each instance's own.)
+    # needs each instance's own; k and v are then broadcast to every instance, the size of the
+    # per-instance dk/dv the result holds anyway.)
     size = next(x.shape[d] for x, d in zip(args, dims, strict=True) if d is not NOT_MAPPED)
     first = [batch_first(x, d, size) for x, d in zip(args, dims, strict=True)]
     q, k, v, o, lse, do, dlse, qs, qe, ks, ke = first

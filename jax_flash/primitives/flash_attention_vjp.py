@@ -41,7 +41,7 @@ def _backward(config, residuals, cotangents):
     q, k, v, o, lse, q_starts, q_ends, k_starts, k_ends = residuals
     do, dlse = cotangents
     dq, dk, dv = flash_attention_bwd_p.bind(
-        q, k, v, o, lse, do.astype(q.dtype), dlse, q_starts, q_ends, k_starts, k_ends,
+        q, k, v, o, lse, do, dlse, q_starts, q_ends, k_starts, k_ends,
         config=config,
     )  # fmt: skip
     return dq, dk, dv, None, None, None, None

@@ -31,13 +31,14 @@ import jax
 from .._compat import (
     NamedSharding,
     PartitionSpec,
-    ShapedArray,
     custom_partitioning,
     explicit_axes,
     lowering_needs_partitioning,
     mark_needs_devices,
     mlir,
     tensor_shape,
+    varying_axes,
+    with_varying_axes,
 )
 
 Dim = tuple[str, ...]  # the factors of one dimension, major first
@@ -244,11 +245,17 @@ def _wrap_abstract_eval(p, partitioning: Partitioning):
     """Under explicit sharding every value's type carries its sharding: the outputs get the
     shardings the rule gives. A replicated operand that the rule splits is sliced locally (no
     communication); an operand sharded in a way the rule does not take would need communication,
-    which explicit mode never inserts on its own: an error naming the operand."""
+    which explicit mode never inserts on its own: an error naming the operand.
+
+    Inside shard_map the outputs vary over every manual axis an operand varies over: typed as
+    invariant, a result would be broadcast (pvary) where it meets varying values, and the
+    transpose of that broadcast sums cotangents over the devices."""
     inner = p.abstract_eval
 
     def abstract_eval(*avals, config):
         outs, effects = inner(*avals, config=config)
+        varying = frozenset().union(*(varying_axes(a) for a in avals))
+        outs = [with_varying_axes(o, varying) for o in outs]
         mesh, axes = explicit_axes(avals)
         if not axes:
             return outs, effects
@@ -268,8 +275,7 @@ def _wrap_abstract_eval(p, partitioning: Partitioning):
                 )
         out_specs = specs_of(rule.results, got, rule, sizes)
         outs = [
-            ShapedArray(o.shape, o.dtype, sharding=NamedSharding(mesh, s))
-            for o, s in zip(outs, out_specs, strict=True)
+            o.update(sharding=NamedSharding(mesh, s)) for o, s in zip(outs, out_specs, strict=True)
         ]
         return outs, effects
 
