@@ -121,6 +121,26 @@ def test_prefill_runs(tmp_path):
     assert len(saved) == 1 and json.loads(saved[0].read_text())["benchmark"] == "prefill"
 
 
+def test_backward_runs(tmp_path):
+    shapes = [bench.PrefillShape(1, 96, 4, 2, 64, True, "float32")]
+    result = bench.run_backward(out_dir=str(tmp_path), shapes=shapes)
+    (row,) = result["rows"]
+    for name in ("jax_flash", "jax_flash_det"):
+        res = row["results"][name]
+        assert res["ms"] > 0 and res["rel_err"] < 1e-4, (name, res)
+    assert "tflops" in row["results"]["xla_dpa"]
+    saved = list(tmp_path.glob("backward_*.json"))
+    assert len(saved) == 1 and json.loads(saved[0].read_text())["benchmark"] == "backward"
+
+
+def test_backward_grid():
+    labels = {s.label() for s in bench.backward.grid_shapes("full", "gpu", ("bfloat16",))}
+    for causal in ("causal", "full"):
+        for d in (64, 128, 256):
+            assert f"bf16 B4 S4k H32/8 D{d} {causal}" in labels
+        assert f"bf16 B1 S16k H32/8 D128 {causal}" in labels
+
+
 def test_decode_runs(tmp_path):
     s = bench.DecodeShape(2, 256, 4, 2, 64, 16, "bfloat16", "bfloat16")
     shapes = [

@@ -15,7 +15,8 @@ then exits non-zero if any tool reported an error, timed out, or the driver fail
 
 What the driver runs: flash_attention on its tensor-core (f16/bf16, D 64/128/256) and CUDA-core
 (float32, other head dims, Dv != D) kernels with causal masks, windows, soft cap, padding lengths
-and lse; flash_attention_varlen with offsets past the rows (clamped); paged_attention on both
+and lse, and its gradients (both backward modes); flash_attention_varlen with offsets past the
+rows (clamped), and its deterministic gradient; paged_attention on both
 decode kernels (f16/bf16 caches and int8/e4m3 with per-head or per-token scales; one and several
 query tokens; bad lengths and page ids, which give NaN) -- unless --quick, the driver runs twice
 per tool, with JAX_FLASH_PAGED_MMA=0 and =1, so that every paged case meets both kernels;
@@ -117,6 +118,13 @@ def _driver(quick: bool, platform: str) -> int:
             lambda q, k, v, ql, kl: jax_flash.flash_attention(
                 q, k, v, q_seqlens=ql, kv_seqlens=kl, return_lse=True, **cuda),
             q, k, v, lens["q_seqlens"], lens["kv_seqlens"])  # fmt: skip
+        for det in (False, True):  # the backward kernels, dq with and without atomics
+            run(f"flash_attention grad {jnp.dtype(dtype).name} D={D}/{Dv} det={det}",
+                lambda q, k, v, ql, kl, det=det, opts=opts: jax.grad(
+                    lambda q, k, v: jax_flash.flash_attention(
+                        q, k, v, q_seqlens=ql, kv_seqlens=kl, deterministic=det, **opts, **cuda
+                    ).astype(jnp.float32).sum(), argnums=(0, 1, 2))(q, k, v),
+                q, k, v, lens["q_seqlens"], lens["kv_seqlens"])  # fmt: skip
 
     # flash_attention_varlen: offsets past the packed rows and decreasing ones are clamped.
     for dtype, D in [(bf16, 128), (f32, 64)][: 1 if quick else 2]:
@@ -126,6 +134,12 @@ def _driver(quick: bool, platform: str) -> int:
             run(f"flash_attention_varlen {jnp.dtype(dtype).name} cu={np.asarray(cu).tolist()}",
                 lambda q, k, v, cu: jax_flash.flash_attention_varlen(
                     q, k, v, cu, cu, causal=True, return_lse=True, **cuda),
+                q, k, v, cu)  # fmt: skip
+            run(f"flash_attention_varlen grad {jnp.dtype(dtype).name} cu={np.asarray(cu).tolist()}",
+                lambda q, k, v, cu: jax.grad(
+                    lambda q, k, v: jax_flash.flash_attention_varlen(
+                        q, k, v, cu, cu, causal=True, deterministic=True, **cuda
+                    ).astype(jnp.float32).sum(), argnums=(0, 1, 2))(q, k, v),
                 q, k, v, cu)  # fmt: skip
 
     # paged_attention: (q dtype, cache dtype, scales, D, page_size, Sq, options)

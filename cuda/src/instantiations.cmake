@@ -97,3 +97,20 @@ jax_flash_instantiate_paged(paged_attention paged::launch_paged_attention "f32;f
 # width (policy::paged_mma_tile_dim), which takes the head dims up to it.
 jax_flash_instantiate_paged(paged_attention_mma paged::launch_paged_attention_mma "f16;bf16"
                             "@T@, @D@" "@T@, @D@, @TC@")
+
+# Backward: the CUDA-core kernels (every dtype; one file per dtype holds the three head-dim
+# bounds, the kernels being small) and the tensor-core kernel (16-bit dtypes, head dims 64, 128).
+foreach(tag f32 f16 bf16)
+  jax_flash_instantiate(flash_attention_bwd_simt_${tag}
+    HEADER jax_flash/flash_attention_bwd_simt.cuh FUNCTION run_flash_attention_bwd_simt
+    PARAMS FlashBwdParams WHAT "${_jf_type_${tag}}, head dims up to 64, 128, 256"
+    ARGS "${_jf_type_${tag}}, 64" "${_jf_type_${tag}}, 128" "${_jf_type_${tag}}, 256")
+endforeach()
+foreach(tag f16 bf16)
+  foreach(d 64 128)
+    jax_flash_instantiate(flash_attention_bwd_mma_${tag}_d${d}
+      HEADER jax_flash/flash_attention_bwd_mma.cuh FUNCTION run_flash_attention_bwd_mma
+      PARAMS FlashBwdParams WHAT "${_jf_type_${tag}}, head dim ${d}"
+      ARGS "${_jf_type_${tag}}, ${d}")
+  endforeach()
+endforeach()

@@ -7,13 +7,15 @@ One job per module:
     shapes   a row's shape per benchmark: sizes, work done, label
     prefill  the prefill grid and its run
     decode   the paged-decode grid, its paged inputs and its run
+    backward the forward + backward grid and its run
     run      the frame both runs share: device, progress, rows saved as they come, result
     peers    the implementations compared with jax_flash
     report   progress lines, tables and summaries (only what was measured)
     save     the run's JSON and PNG files (plot: the plots)
-    cli      the command line and the registry of benchmarks (a backward grid is added there)
+    cli      the command line and the registry of benchmarks
 """
 
+from jax_flash.bench.backward import run_backward
 from jax_flash.bench.cli import BENCHMARKS, main
 from jax_flash.bench.decode import CHAIN as DECODE_CHAIN
 from jax_flash.bench.decode import make_paged, run_decode
@@ -41,6 +43,7 @@ __all__ = [
     "make_paged",
     "median_of_runs",
     "pick_n",
+    "run_backward",
     "run_decode",
     "run_prefill",
 ]

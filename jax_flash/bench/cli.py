@@ -2,15 +2,18 @@
 
     python -m jax_flash.bench prefill [--grid quick|full] [--dtype bfloat16 ...] [--out DIR]
     python -m jax_flash.bench decode  [--grid quick|full] [--dtype bfloat16 ...] [--out DIR]
+    python -m jax_flash.bench backward [--grid quick|full] [--dtype bfloat16 ...] [--out DIR]
 
 Each row times jax_flash and the peers available on the device on the same fresh random inputs:
 prefill on GPU `jax.nn.dot_product_attention` with implementation "cudnn" and "xla", JAX Pallas
 (Triton) `mha`, and the jnp reference; on CPU the jnp reference and
 `jax.nn.dot_product_attention(implementation="xla")`. Decode: JAX Pallas `paged_attention` (best
 of k_splits 1/4/16, on the same cache in its head-major layout), cuDNN on a contiguous copy of
-the cache (bf16/fp16 only) and the jnp gather path. Peers that would not fit in memory are
-skipped with the reason. Every result also gets its relative error against the float32
-reference on the same inputs (where the reference fits).
+the cache (bf16/fp16 only) and the jnp gather path. Backward: forward + vjp w.r.t. q, k, v
+(TFLOP/s counting 3.5x the forward FLOPs) for jax_flash fast and deterministic, cuDNN, the FA3
+binding, Pallas Triton `mha` and tokamax (Mosaic) where they import. Peers that would not fit
+in memory are skipped with the reason. Every result also gets its relative error against the
+float32 reference on the same inputs (where the reference fits).
 
 Timing (every implementation alike): n chained calls inside one jitted loop, the figure being
 the slope between loops of n and n // 5 calls (jax_flash/bench/timing.py). Each row also times
@@ -24,13 +27,15 @@ from __future__ import annotations
 
 import argparse
 
-from jax_flash.bench import decode, prefill, save
+from jax_flash.bench import backward, decode, prefill, save
 
 # The benchmarks `python -m jax_flash.bench NAME` runs: each a module with its grid of shapes and
-# a run(grid, dtypes, out_dir, shapes=None, skip=()) that prints and saves its result. A backward
-# grid goes in backward.py (its shape in shapes.py, its peers in peers.py, its table in
-# report.py, its plot in plot.py) and is registered here.
-BENCHMARKS = {"prefill": prefill.run_prefill, "decode": decode.run_decode}
+# a run(grid, dtypes, out_dir, shapes=None, skip=()) that prints and saves its result.
+BENCHMARKS = {
+    "prefill": prefill.run_prefill,
+    "decode": decode.run_decode,
+    "backward": backward.run_backward,
+}
 
 
 def main(argv=None):

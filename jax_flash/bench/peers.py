@@ -1,7 +1,7 @@
 """The implementations each benchmark compares jax_flash with, on this platform: on GPU cuDNN,
 XLA, JAX Pallas, the FlashAttention-3 binding and tokamax (when installed) and the jnp
-reference; on CPU XLA and the jnp reference. A peer that cannot run a shape is given as a string
-saying why. A backward grid would add its peers here."""
+reference; on CPU XLA and the jnp reference. The prefill, decode and backward grids each have
+their peers here. A peer that cannot run a shape is given as a string saying why."""
 
 from __future__ import annotations
 
@@ -233,3 +233,42 @@ def _cudnn_group(s: DecodeShape):
         return o[:, 0] if q.ndim == 3 else o
 
     return (contiguous, {name: cudnn})
+
+
+def backward_peers(device_kind: str, s: PrefillShape):
+    """name -> differentiable fn(q, k, v) -> o (or a string saying why it does not run) for the
+    backward grid: jax_flash in its fast and deterministic modes, and on GPU cuDNN, the FA3
+    binding (flash_attn3_jax), JAX Pallas (Triton) `mha` and tokamax (Mosaic) where importable;
+    on CPU XLA."""
+    peers = {
+        "jax_flash": functools.partial(jax_flash.flash_attention, causal=s.causal),
+        "jax_flash_det": functools.partial(
+            jax_flash.flash_attention, causal=s.causal, deterministic=True
+        ),
+    }
+    if device_kind != "gpu":
+        peers["xla_dpa"] = functools.partial(
+            jax.nn.dot_product_attention, is_causal=s.causal, implementation="xla"
+        )
+        return peers
+    peers["cudnn"] = functools.partial(
+        jax.nn.dot_product_attention, is_causal=s.causal, implementation="cudnn"
+    )
+    try:
+        from flash_attn3_jax import flash_mha
+
+        peers["fa3"] = functools.partial(flash_mha, is_causal=s.causal)
+    except ImportError as e:
+        peers["fa3"] = f"unavailable: {error_text(e)}"
+    pallas = prefill_peers(device_kind, s).get("pallas_triton")
+    if pallas is not None:
+        peers["pallas_triton"] = pallas
+    try:
+        import tokamax
+
+        peers["tokamax"] = functools.partial(
+            tokamax.dot_product_attention, is_causal=s.causal, implementation="mosaic"
+        )
+    except ImportError as e:
+        peers["tokamax"] = f"unavailable: {error_text(e)}"
+    return peers

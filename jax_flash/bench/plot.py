@@ -3,6 +3,7 @@ config; decode effective KV bandwidth per row, one bar per implementation."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -10,7 +11,7 @@ import numpy as np
 from jax_flash.bench.shapes import DecodeShape
 
 
-def prefill(plt, result):
+def prefill(plt, result, title="prefill attention"):
     groups = {}
     for r in result["rows"]:
         s = r["shape"]
@@ -38,7 +39,7 @@ def prefill(plt, result):
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(groups) :]:
         ax.set_visible(False)
-    fig.suptitle(f"prefill attention, {result['info']['device']}")
+    fig.suptitle(f"{title}, {result['info']['device']}")
     fig.tight_layout()
     return fig
 
@@ -68,4 +69,8 @@ def decode(plt, result):
     return fig
 
 
-PLOTS = {"prefill": prefill, "decode": decode}  # a backward grid would add its plot here
+PLOTS = {
+    "prefill": prefill,
+    "decode": decode,
+    "backward": functools.partial(prefill, title="attention forward + backward"),
+}

@@ -1,0 +1,208 @@
+// Pieces shared by the CUDA attention-backward kernels (tensor-core and SIMT): the layout of the
+// launcher's workspace, the preprocessing step Delta = rowsum(dO * O) - dLSE, the float32 dQ
+// accumulator's conversion, and the mapping of a linear key-tile index onto (sequence, key
+// block) for packed calls. See flash_bwd_params.h for the contract. No XLA headers here.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "jax_flash/dtype.cuh"
+#include "jax_flash/flash_attention_common.cuh"
+#include "jax_flash/flash_bwd_params.h"
+
+namespace jax_flash {
+
+// ---------------------------------------------------------------------------------------------
+// Workspace (device scratch from the FFI handler, asked 16-byte aligned: the most XLA's FFI
+// allocator accepts; its allocations are 256-byte aligned in practice),
+// at offsets that are multiples of 256 bytes:
+//   delta     [num_heads, total_q]                 float32   every path
+//   dq_accum  [total_q, num_heads, head_dim]       float32   tensor-core path (atomics target)
+//   dq_turn   [num_heads, q_tile_slots]            int32     tensor-core deterministic path:
+//             how many key blocks have added their dQ share to each (head, query tile)
+// ---------------------------------------------------------------------------------------------
+
+struct FlashBwdWorkspace {
+  float* delta;
+  float* dq_accum;
+  int32_t* dq_turn;
+  int64_t q_tile_slots;  // entries of dq_turn per head
+};
+
+inline int64_t flash_bwd_align256(int64_t n) { return (n + 255) / 256 * 256; }
+
+// Bytes of workspace the launcher of one path needs (`q_block` is its query tile; 0 for a path
+// without a dQ accumulator).
+inline int64_t flash_bwd_workspace_bytes(const FlashParams& p, int32_t q_block,
+                                         bool deterministic) {
+  int64_t bytes = flash_bwd_align256(int64_t{4} * p.num_heads * p.total_q);
+  if (q_block > 0) {
+    bytes += flash_bwd_align256(int64_t{4} * p.total_q * p.num_heads * p.head_dim);
+    if (deterministic) bytes += flash_bwd_align256(int64_t{4} * p.num_heads *
+                                                   flash_num_tile_slots(p, q_block));
+  }
+  return bytes;
+}
+
+inline FlashBwdWorkspace flash_bwd_workspace(const FlashBwdParams& p, int32_t q_block) {
+  const FlashParams& f = p.fwd;
+  char* base = static_cast<char*>(p.workspace);
+  FlashBwdWorkspace w{};
+  w.delta = reinterpret_cast<float*>(base);
+  base += flash_bwd_align256(int64_t{4} * f.num_heads * f.total_q);
+  if (q_block > 0) {
+    w.dq_accum = reinterpret_cast<float*>(base);
+    base += flash_bwd_align256(int64_t{4} * f.total_q * f.num_heads * f.head_dim);
+    if (p.deterministic) {
+      w.dq_turn = reinterpret_cast<int32_t*>(base);
+      w.q_tile_slots = flash_num_tile_slots(f, q_block);
+    }
+  }
+  return w;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Delta = rowsum(dO * O) - dLSE, for every row of q (owned or not: the kernels read it only for
+// owned rows) and every head. One warp per (row, head).
+// ---------------------------------------------------------------------------------------------
+
+template <typename T>
+__global__ void __launch_bounds__(256) flash_bwd_delta_kernel(const __grid_constant__ FlashBwdParams p,
+                                                              float* __restrict__ delta) {
+  const FlashParams& f = p.fwd;
+  const int lane = threadIdx.x & 31;
+  const int64_t n = static_cast<int64_t>(f.total_q) * f.num_heads;
+  const T* o = static_cast<const T*>(f.o);
+  const T* dout = static_cast<const T*>(p.dout);
+  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x / 32) {
+    const int64_t row = i / f.num_heads;
+    const int head = static_cast<int>(i % f.num_heads);
+    const T* orow = o + row * f.o_row_stride + static_cast<int64_t>(head) * f.head_dim_v;
+    const T* drow = dout + row * p.dout_row_stride + static_cast<int64_t>(head) * f.head_dim_v;
+    float acc = 0.f;
+    for (int d = lane; d < f.head_dim_v; d += 32) acc += to_float(orow[d]) * to_float(drow[d]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (lane == 0) {
+      const int64_t at = static_cast<int64_t>(head) * f.total_q + row;
+      delta[at] = acc - p.dlse[at];
+    }
+  }
+}
+
+template <typename T>
+cudaError_t flash_bwd_delta(const FlashBwdParams& p, float* delta, cudaStream_t stream) {
+  const int64_t warps = static_cast<int64_t>(p.fwd.total_q) * p.fwd.num_heads;
+  if (warps <= 0) return cudaSuccess;
+  const int64_t blocks = (warps + 7) / 8 < 65536 ? (warps + 7) / 8 : 65536;
+  flash_bwd_delta_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p, delta);
+  return cudaGetLastError();
+}
+
+// ---------------------------------------------------------------------------------------------
+// dq = softmax_scale * dq_accum over all rows (rows no sequence owns hold 0 in the accumulator).
+// ---------------------------------------------------------------------------------------------
+
+template <typename T>
+__global__ void __launch_bounds__(256) flash_bwd_dq_convert_kernel(const __grid_constant__ FlashBwdParams p,
+                                                                   const float* __restrict__ acc) {
+  const FlashParams& f = p.fwd;
+  const int64_t row_elems = static_cast<int64_t>(f.num_heads) * f.head_dim;
+  const int64_t n4 = static_cast<int64_t>(f.total_q) * row_elems / 4;  // head_dim % 4 == 0
+  T* dq = static_cast<T*>(p.dq);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n4;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float4 a = reinterpret_cast<const float4*>(acc)[i];
+    const int64_t e = 4 * i;
+    const int64_t row = e / row_elems;
+    const float s = f.softmax_scale;
+    store4_from_float<T>(dq + row * p.dq_row_stride + (e - row * row_elems), a.x * s, a.y * s,
+                         a.z * s, a.w * s);
+  }
+}
+
+template <typename T>
+cudaError_t flash_bwd_dq_convert(const FlashBwdParams& p, const float* acc, cudaStream_t stream) {
+  const int64_t n4 = static_cast<int64_t>(p.fwd.total_q) * p.fwd.num_heads * p.fwd.head_dim / 4;
+  if (n4 <= 0) return cudaSuccess;
+  const int64_t blocks = (n4 + 255) / 256 < 65536 ? (n4 + 255) / 256 : 65536;
+  flash_bwd_dq_convert_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p, acc);
+  return cudaGetLastError();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Key-tile scheduling: sequence b owns ceil(k_len_b / block_n) consecutive tiles, numbered
+// sequence by sequence. A whole warp finds tile `tile`'s sequence and key block, and the number
+// of query tiles (of block_m rows) of the sequences before it (the deterministic path numbers
+// its dQ turn counters by query tile). Returns false past the last tile.
+// ---------------------------------------------------------------------------------------------
+
+struct FlashKeyTile {
+  int32_t b, n;          // sequence, key block within it
+  int64_t q_tile_base;   // query tiles of sequences [0, b)
+  SeqExtent ext;
+};
+
+__device__ __forceinline__ bool flash_find_key_tile(const FlashParams& p, int32_t block_n,
+                                                    int32_t block_m, int64_t tile,
+                                                    FlashKeyTile* out) {
+  const int lane = threadIdx.x & 31;
+  int64_t before = 0, q_before = 0;
+  for (int base = 0; base < p.batch; base += 32) {
+    const int b = base + lane;
+    SeqExtent e{0, 0, 0, 0};
+    int64_t n = 0, nq = 0;
+    if (b < p.batch) {
+      e = flash_seq_extent_at(p, b);
+      n = e.k_len > 0 ? (e.k_len + block_n - 1) / block_n : 0;
+      nq = flash_num_q_tiles(e, block_m);
+    }
+    int64_t incl = n, q_incl = nq;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const int64_t v = __shfl_up_sync(0xffffffffu, incl, off);
+      const int64_t vq = __shfl_up_sync(0xffffffffu, q_incl, off);
+      if (lane >= off) {
+        incl += v;
+        q_incl += vq;
+      }
+    }
+    const int64_t total = __shfl_sync(0xffffffffu, incl, 31);
+    if (tile < before + total) {
+      const int64_t local = tile - before;
+      const unsigned hit = __ballot_sync(0xffffffffu, local < incl && local >= incl - n);
+      const int src = __ffs(static_cast<int>(hit)) - 1;
+      out->b = base + src;
+      out->n = static_cast<int32_t>(local - __shfl_sync(0xffffffffu, incl - n, src));
+      out->q_tile_base = q_before + __shfl_sync(0xffffffffu, q_incl - nq, src);
+      out->ext.q_start = __shfl_sync(0xffffffffu, e.q_start, src);
+      out->ext.q_len = __shfl_sync(0xffffffffu, e.q_len, src);
+      out->ext.k_start = __shfl_sync(0xffffffffu, e.k_start, src);
+      out->ext.k_len = __shfl_sync(0xffffffffu, e.k_len, src);
+      return true;
+    }
+    before += total;
+    q_before += __shfl_sync(0xffffffffu, q_incl, 31);
+  }
+  return false;
+}
+
+// Keys seen by any row of query tile [m0, m0 + rows): [lo, hi), empty when hi <= lo. The rows
+// that see no key form a prefix of the sequence and see keys from 0 once they see any, so the
+// union over the tile's rows is this one interval (see flash_params.h for the mask).
+JAX_FLASH_HD void flash_tile_keys(const FlashParams& p, int32_t m0, int32_t rows, int32_t q_len,
+                                  int32_t k_len, int32_t* lo, int32_t* hi) {
+  int32_t lo_first, hi_first, lo_last, hi_last;
+  visible_keys(p, m0, q_len, k_len, &lo_first, &hi_first);
+  visible_keys(p, m0 + rows - 1, q_len, k_len, &lo_last, &hi_last);
+  *lo = lo_first;
+  *hi = hi_last;
+}
+
+}  // namespace jax_flash

@@ -1,0 +1,525 @@
+// Tensor-core attention backward for float16 / bfloat16 (FlashAttention-2 design, mma.sync).
+//
+// One CTA owns one key block of kBlockN rows of one kv head of one sequence and visits, for every
+// query head of the kv head's group (GQA), every query block of kBlockM rows that sees one of its
+// keys. Each of its warps owns 16 key rows and keeps their dK and dV in registers across all
+// visits (no repeated K/V, no atomics for dK/dV). Everything is computed transposed, keys as the
+// M dimension of the mma, so that P^T and dS^T stay in registers for dV and dK:
+//   dP^T = V dO^T,  S^T = K Q^T            (ldmatrix.x4 of K/V rows, Q/dO rows as B)
+//   P^T  = exp2(S^T * scale * log2 e - lse * log2 e), dS^T = P^T (dP^T - Delta) (* (1 - tanh^2))
+//   dV  += P^T dO,  dK += dS^T Q           (P^T, dS^T converted in registers to A fragments,
+//                                           dO/Q fed by ldmatrix.x4.trans)
+//   dQ  += dS K                            (dS^T staged in shared memory; every warp takes a
+//                                           16-row x head_dim/2 slice of the block's dQ)
+// dQ is added to a float32 accumulator with atomics; the deterministic mode makes the key blocks
+// of a query block add their shares in ascending key-block order (a per-(head, query tile) turn
+// counter, waited for by one thread while the others stage dS), so every float addition happens
+// in the same order on every run. Q/dO (and lse/Delta) of the next visit load with cp.async
+// under the current one (double-buffered).
+//
+// Scheduling: grid.x enumerates the key blocks of all sequences in order (lowest first, so the
+// heaviest blocks under causal masking start first and a block's turn-order predecessors are
+// always scheduled before it), grid.y the kv heads.
+//
+// No XLA headers: the FFI layer fills FlashBwdParams and calls run_flash_attention_bwd_mma.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "jax_flash/flash_attention_bwd_common.cuh"
+#include "jax_flash/flash_attention_mma.cuh"
+#include "jax_flash/flash_bwd_params.h"
+#include "jax_flash/launch.cuh"
+#include "jax_flash/mma_sync.cuh"
+
+namespace jax_flash {
+
+// The parameters this kernel computes exactly as the contract says; the dispatcher sends all
+// others to the SIMT kernels: dtype float16 or bfloat16, head_dim == head_dim_v in {64, 128},
+// every tensor 16-byte aligned with row strides a multiple of 8 elements, finite scale and
+// soft cap.
+inline bool flash_attention_bwd_mma_supported(const FlashBwdParams& p) {
+  const FlashParams& f = p.fwd;
+  if (f.dtype != DType::kFloat16 && f.dtype != DType::kBFloat16) return false;
+  if (f.head_dim != f.head_dim_v) return false;
+  if (f.head_dim != 64 && f.head_dim != 128) return false;
+  if (f.num_heads < 1 || f.num_heads_k < 1 || f.num_heads % f.num_heads_k != 0) return false;
+  auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  if (!aligned16(f.q) || !aligned16(f.k) || !aligned16(f.v) || !aligned16(p.dout) ||
+      !aligned16(p.dq) || !aligned16(p.dk) || !aligned16(p.dv))
+    return false;
+  if (f.q_row_stride % 8 != 0 || f.k_row_stride % 8 != 0 || f.v_row_stride % 8 != 0 ||
+      p.dout_row_stride % 8 != 0 || p.dq_row_stride % 8 != 0 || p.dk_row_stride % 8 != 0 ||
+      p.dv_row_stride % 8 != 0)
+    return false;
+  if (!std::isfinite(f.softmax_scale) || !std::isfinite(f.softcap)) return false;
+  return true;
+}
+
+namespace mma_bwd {
+
+using namespace mma_detail;
+
+// Tile shape: kBlockN key rows per CTA (16 per warp), kBlockM query rows per visit.
+template <int kHeadDim_, int kBlockM_, int kWarps_>
+struct BwdTraits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kBlockN = 16 * kWarps;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row (load_tile's names)
+  static constexpr int kLoadRowsPerPass = kThreads / kChunks;
+  static constexpr int kRowBytes = kHeadDim * 2;
+  static constexpr int kDsRowBytes = kBlockM * 2;  // dS^T staging: [kBlockN keys][kBlockM]
+  static constexpr int kSmemKV = kBlockN * kRowBytes;
+  static constexpr int kSmemQ = kBlockM * kRowBytes;  // one Q or one dO buffer
+  static constexpr int kSmemDs = kBlockN * kDsRowBytes;
+  static constexpr int kSmemBytes = 2 * kSmemKV + 4 * kSmemQ + kSmemDs + 2 * 2 * kBlockM * 4;
+  // dQ: every warp takes one 16-row slice and 1/kDqSplit of the head dim.
+  static constexpr int kDqSplit = kWarps / (kBlockM / 16);
+  static constexpr int kDqCols = kHeadDim / kDqSplit;
+
+  static_assert(kHeadDim % 64 == 0, "rows must span whole 128-byte swizzle atoms");
+  static_assert(kBlockM == 64, "the dS^T staging rows are one 128-byte swizzle atom");
+  static_assert(kWarps % (kBlockM / 16) == 0 && kDqCols % 16 == 0, "bad dQ split");
+  static_assert(kBlockM % kLoadRowsPerPass == 0 && kBlockN % kLoadRowsPerPass == 0,
+                "tiles must be loaded in whole passes");
+};
+
+// d=128: 145 KB of shared memory, one CTA (8 warps) per SM; d=64: 81 KB.
+template <int kHeadDim>
+using DefaultBwdTraits = BwdTraits<kHeadDim, 64, 8>;
+
+__device__ __forceinline__ int ld_acquire(const int32_t* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void add_f32x2(float* dst, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(a, b));
+#else
+  atomicAdd(dst, a);
+  atomicAdd(dst + 1, b);
+#endif
+}
+
+template <typename T, class Tr, bool kSoftcap, bool kDeterministic>
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    flash_bwd_mma_kernel(const __grid_constant__ FlashBwdParams p, const FlashBwdWorkspace ws) {
+  constexpr int D = Tr::kHeadDim;
+  constexpr int BM = Tr::kBlockM;
+  constexpr int BN = Tr::kBlockN;
+  constexpr int R = Tr::kRowBytes;
+  constexpr int RS = Tr::kDsRowBytes;
+  constexpr int kMN = BM / 8;  // n8 tiles of S^T per warp (query columns)
+  constexpr int kDT = D / 8;   // n8 tiles of dK / dV per warp
+  const FlashParams& f = p.fwd;
+
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const uint32_t sK = smem_addr(smem);
+  const uint32_t sV = sK + Tr::kSmemKV;
+  const uint32_t sQ = sV + Tr::kSmemKV;        // 2 buffers
+  const uint32_t sdO = sQ + 2 * Tr::kSmemQ;    // 2 buffers
+  const uint32_t sdS = sdO + 2 * Tr::kSmemQ;
+  float* s_lse = reinterpret_cast<float*>(smem + 2 * Tr::kSmemKV + 4 * Tr::kSmemQ + Tr::kSmemDs);
+  float* s_delta = s_lse + 2 * BM;  // both [2][BM]
+
+  const int kv_head = blockIdx.y;
+  FlashKeyTile kt;
+  if (!flash_find_key_tile(f, BN, BM, blockIdx.x, &kt)) return;
+  const SeqExtent e = kt.ext;
+  const int n0 = kt.n * BN;
+  const int q_len = e.q_len, k_len = e.k_len;
+  const int num_m = flash_num_q_tiles(e, BM);
+  const int group = f.num_heads / f.num_heads_k;
+
+  // Query blocks that see a key of this block: an interval [m_first, m_last] (the key interval
+  // of a query block moves right with the block).
+  auto visits = [&](int m) {
+    int lo, hi;
+    flash_tile_keys(f, m * BM, min(BM, q_len - m * BM), q_len, k_len, &lo, &hi);
+    return hi > lo && lo / BN <= kt.n && kt.n <= (hi - 1) / BN;
+  };
+  int m_first = 0;
+  while (m_first < num_m && !visits(m_first)) ++m_first;
+  int m_last = m_first;
+  while (m_last + 1 < num_m && visits(m_last + 1)) ++m_last;
+  if (m_first >= num_m) return;  // nothing sees these keys: dk, dv stay the launcher's zeros
+  const int visits_per_head = m_last - m_first + 1;
+  const int items = group * visits_per_head;
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int kr0 = warp * 16;  // this warp's key rows within the block
+
+  // ldmatrix lane addresses (row % 8 == lane % 8 throughout, see chunk_pair):
+  //   A from [m][k] rows (K, V):            row lane % 16, chunk lane / 16
+  //   B from [n][k] rows (Q, dO as n = query; dS^T as A^T): row (lane/16)*8 + lane%8, chunk lane/8%2
+  //   B^T from [k][n] rows (dO, Q, K):      row (lane/8%2)*8 + lane%8, chunk lane / 16
+  const uint32_t a_lane = (kr0 + (lane & 15)) * R + (((lane >> 4) ^ (lane & 7)) << 4);
+  const int b_row = ((lane >> 4) & 1) * 8 + (lane & 7);
+  const uint32_t b_lane = b_row * R + ((((lane >> 3) & 1) ^ (lane & 7)) << 4);
+  const uint32_t ds_lane = b_row * RS + ((((lane >> 3) & 1) ^ (lane & 7)) << 4);
+  const uint32_t bt_lane =
+      (((lane >> 3) & 1) * 8 + (lane & 7)) * R + ((((lane >> 4) & 1) ^ (lane & 7)) << 4);
+
+  float scale_log2, softcap_in = 0.f;
+  if constexpr (kSoftcap) {
+    softcap_in = f.softmax_scale / f.softcap;
+    scale_log2 = f.softcap * kLog2e;
+  } else {
+    scale_log2 = f.softmax_scale * kLog2e;
+  }
+  // Key j of the sequence is visible from query row i iff j < k_len and
+  // d_min <= j - i <= d_max (flash_params.h's mask with diag = i + k_len - q_len).
+  const int64_t off = static_cast<int64_t>(k_len) - q_len;
+  auto clamp_int = [](int64_t x) {
+    return static_cast<int>(x < INT_MIN ? INT_MIN : (x > INT_MAX ? INT_MAX : x));
+  };
+  const int d_min = f.window_left < 0 ? INT_MIN : clamp_int(off - f.window_left);
+  const int d_max = f.window_right < 0 ? INT_MAX : clamp_int(off + f.window_right);
+
+  const T* q_base = static_cast<const T*>(f.q) + static_cast<int64_t>(e.q_start) * f.q_row_stride;
+  const T* do_base =
+      static_cast<const T*>(p.dout) + static_cast<int64_t>(e.q_start) * p.dout_row_stride;
+
+  auto head_of = [&](int it) { return kv_head * group + it / visits_per_head; };
+  auto block_of = [&](int it) { return m_first + it % visits_per_head; };
+  auto load_q_do = [&](int it, int buf) {
+    const int h = head_of(it);
+    const int m0 = block_of(it) * BM;
+    load_tile<Tr, BM, true>(sQ + buf * Tr::kSmemQ, q_base + static_cast<int64_t>(h) * D,
+                            f.q_row_stride, m0, q_len, tid);
+    load_tile<Tr, BM, true>(sdO + buf * Tr::kSmemQ, do_base + static_cast<int64_t>(h) * D,
+                            p.dout_row_stride, m0, q_len, tid);
+  };
+  // lse in log2 units, +inf for rows past the sequence and rows that saw no key (lse = -inf):
+  // their weights are exp2(-inf) = 0.
+  auto read_lse = [&](int it, float* lse2, float* delta) {
+    const int h = head_of(it);
+    const int row = block_of(it) * BM + tid;
+    *lse2 = INFINITY;
+    *delta = 0.f;
+    if (tid < BM && row < q_len) {
+      const int64_t at = static_cast<int64_t>(h) * f.total_q + e.q_start + row;
+      const float l = f.lse[at];
+      *lse2 = l == -INFINITY ? INFINITY : l * kLog2e;
+      *delta = ws.delta[at];
+    }
+  };
+
+  {
+    const int64_t kv_off = static_cast<int64_t>(kv_head) * D;
+    load_tile<Tr, BN, true>(sK, static_cast<const T*>(f.k) +
+                                    static_cast<int64_t>(e.k_start) * f.k_row_stride + kv_off,
+                            f.k_row_stride, n0, k_len, tid);
+    load_tile<Tr, BN, true>(sV, static_cast<const T*>(f.v) +
+                                    static_cast<int64_t>(e.k_start) * f.v_row_stride + kv_off,
+                            f.v_row_stride, n0, k_len, tid);
+    load_q_do(0, 0);
+    cp_async_commit();
+    float l, d;
+    read_lse(0, &l, &d);
+    if (tid < BM) {
+      s_lse[tid] = l;
+      s_delta[tid] = d;
+    }
+  }
+
+  float acc_dk[kDT][4], acc_dv[kDT][4];
+#pragma unroll
+  for (int i = 0; i < kDT; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc_dk[i][j] = acc_dv[i][j] = 0.f;
+  }
+
+  int32_t* pending_turn = nullptr;  // deterministic: the counter to advance after a barrier
+  for (int it = 0; it < items; ++it) {
+    const int buf = it & 1;
+    const int h = head_of(it);
+    const int m = block_of(it);
+    const int m0 = m * BM;
+    const uint32_t sQ_cur = sQ + buf * Tr::kSmemQ;
+    const uint32_t sdO_cur = sdO + buf * Tr::kSmemQ;
+
+    cp_async_wait<0>();
+    __syncthreads();  // Q/dO/lse of this visit ready; every warp is done with the last one
+    if constexpr (kDeterministic) {
+      if (tid == 0 && pending_turn != nullptr) {
+        __threadfence();
+        atomicAdd(pending_turn, 1);
+      }
+      pending_turn = nullptr;
+    }
+    float next_lse = INFINITY, next_delta = 0.f;
+    if (it + 1 < items) {
+      load_q_do(it + 1, buf ^ 1);
+      read_lse(it + 1, &next_lse, &next_delta);
+    }
+    cp_async_commit();
+
+    // dP^T = V dO^T and S^T = K Q^T for this warp's 16 keys x BM queries.
+    float dp[kMN][4], s[kMN][4];
+#pragma unroll
+    for (int i = 0; i < kMN; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) dp[i][j] = s[i][j] = 0.f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t va[4], ka[4];
+      ldmatrix_x4(va, chunk_pair(sV + a_lane, kk));
+      ldmatrix_x4(ka, chunk_pair(sK + a_lane, kk));
+#pragma unroll
+      for (int np = 0; np < kMN / 2; ++np) {
+        uint32_t ob[4], qb[4];
+        ldmatrix_x4(ob, chunk_pair(sdO_cur + b_lane, kk) + np * 16 * R);
+        ldmatrix_x4(qb, chunk_pair(sQ_cur + b_lane, kk) + np * 16 * R);
+        mma_16816<T>(dp[2 * np], va, ob[0], ob[1]);
+        mma_16816<T>(dp[2 * np + 1], va, ob[2], ob[3]);
+        mma_16816<T>(s[2 * np], ka, qb[0], qb[1]);
+        mma_16816<T>(s[2 * np + 1], ka, qb[2], qb[3]);
+      }
+    }
+
+    // P^T and dS^T (s becomes P^T, dp becomes dS^T).
+    int lo, hi;
+    flash_tile_keys(f, m0, min(BM, q_len - m0), q_len, k_len, &lo, &hi);
+    int lo_last, hi_first, unused;
+    visible_keys(f, m0 + min(BM, q_len - m0) - 1, q_len, k_len, &lo_last, &unused);
+    visible_keys(f, m0, q_len, k_len, &unused, &hi_first);
+    const bool need_mask = n0 < lo_last || n0 + BN > hi_first;
+    const float* lse_cur = s_lse + buf * BM;
+    const float* delta_cur = s_delta + buf * BM;
+#pragma unroll
+    for (int nt = 0; nt < kMN; ++nt) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int col = nt * 8 + 2 * t + c;
+        const float l2 = lse_cur[col];
+        const float dl = delta_cur[col];
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int i = 2 * hf + c;
+          float x = s[nt][i];
+          if constexpr (kSoftcap) x = softcap_tanh(x * softcap_in);
+          float pv = fast_exp2(fmaf(x, scale_log2, -l2));
+          if (need_mask) {
+            const int j = n0 + kr0 + g + 8 * hf;
+            const int dj = j - (m0 + col);
+            if (j >= k_len || dj < d_min || dj > d_max) pv = 0.f;
+          }
+          float ds = pv * (dp[nt][i] - dl);
+          if constexpr (kSoftcap) ds *= 1.f - x * x;
+          s[nt][i] = pv;
+          dp[nt][i] = ds;
+        }
+      }
+    }
+
+    // dV += P^T dO, dK += dS^T Q.
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) {
+      uint32_t pa[4], da[4];
+      pa[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+      pa[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+      pa[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      da[0] = pack2<T>(dp[2 * kk][0], dp[2 * kk][1]);
+      da[1] = pack2<T>(dp[2 * kk][2], dp[2 * kk][3]);
+      da[2] = pack2<T>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+      da[3] = pack2<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+      // dS^T to shared memory for dQ: rows kr0 + g (+8), query chunk 2kk (+1).
+      st_shared_b32(sdS + swizzle<BM / 8>(kr0 + g, 2 * kk) + 4 * t, da[0]);
+      st_shared_b32(sdS + swizzle<BM / 8>(kr0 + g + 8, 2 * kk) + 4 * t, da[1]);
+      st_shared_b32(sdS + swizzle<BM / 8>(kr0 + g, 2 * kk + 1) + 4 * t, da[2]);
+      st_shared_b32(sdS + swizzle<BM / 8>(kr0 + g + 8, 2 * kk + 1) + 4 * t, da[3]);
+#pragma unroll
+      for (int dp2 = 0; dp2 < kDT / 2; ++dp2) {
+        uint32_t ob[4], qb[4];
+        ldmatrix_x4_trans(ob, chunk_pair(sdO_cur + bt_lane, dp2) + kk * 16 * R);
+        ldmatrix_x4_trans(qb, chunk_pair(sQ_cur + bt_lane, dp2) + kk * 16 * R);
+        mma_16816<T>(acc_dv[2 * dp2], pa, ob[0], ob[1]);
+        mma_16816<T>(acc_dv[2 * dp2 + 1], pa, ob[2], ob[3]);
+        mma_16816<T>(acc_dk[2 * dp2], da, qb[0], qb[1]);
+        mma_16816<T>(acc_dk[2 * dp2 + 1], da, qb[2], qb[3]);
+      }
+    }
+    if (tid < BM) {
+      s_lse[(buf ^ 1) * BM + tid] = next_lse;
+      s_delta[(buf ^ 1) * BM + tid] = next_delta;
+    }
+
+    // Deterministic: wait until the key blocks before this one have added their dQ shares of
+    // this (head, query block): lo / BN is the first key block that visits it.
+    int32_t* turn = nullptr;
+    if constexpr (kDeterministic) {
+      const int64_t slot = kt.q_tile_base + m;
+      if (slot < ws.q_tile_slots) {
+        turn = ws.dq_turn + static_cast<int64_t>(h) * ws.q_tile_slots + slot;
+        if (tid == 0) {
+          const int rank = kt.n - lo / BN;
+          while (ld_acquire(turn) < rank) {
+          }
+        }
+      }
+    }
+    __syncthreads();  // dS^T staged
+
+    // dQ (unscaled) += dS K: rows 16 * (warp % (BM/16)), columns kDqCols * (warp / (BM/16)).
+    {
+      constexpr int kDqT = Tr::kDqCols / 8;
+      const int mt = warp % (BM / 16);
+      const int c0 = (warp / (BM / 16)) * (Tr::kDqCols / 8);  // first column chunk
+      float dq[kDqT][4];
+#pragma unroll
+      for (int i = 0; i < kDqT; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) dq[i][j] = 0.f;
+      }
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        uint32_t a[4];
+        ldmatrix_x4_trans(a, chunk_pair(sdS + ds_lane, mt) + kk * 16 * RS);
+#pragma unroll
+        for (int dp2 = 0; dp2 < kDqT / 2; ++dp2) {
+          uint32_t kb[4];
+          ldmatrix_x4_trans(kb, chunk_pair(sK + bt_lane, c0 / 2 + dp2) + kk * 16 * R);
+          mma_16816<T>(dq[2 * dp2], a, kb[0], kb[1]);
+          mma_16816<T>(dq[2 * dp2 + 1], a, kb[2], kb[3]);
+        }
+      }
+      const int r = m0 + mt * 16 + g;
+      float* dst = ws.dq_accum +
+                   (static_cast<int64_t>(e.q_start) + r) * f.num_heads * D +
+                   static_cast<int64_t>(h) * D + c0 * 8 + 2 * t;
+      const int64_t row8 = int64_t{8} * f.num_heads * D;
+#pragma unroll
+      for (int i = 0; i < kDqT; ++i) {
+        if (r < q_len) add_f32x2(dst + i * 8, dq[i][0], dq[i][1]);
+        if (r + 8 < q_len) add_f32x2(dst + row8 + i * 8, dq[i][2], dq[i][3]);
+      }
+    }
+    if constexpr (kDeterministic) {
+      __threadfence();  // this thread's adds are visible before the turn advances
+      pending_turn = turn;
+    }
+  }
+  __syncthreads();  // every warp is done with sK / sV (dQ reads all of sK)
+  if constexpr (kDeterministic) {
+    if (tid == 0 && pending_turn != nullptr) atomicAdd(pending_turn, 1);
+  }
+
+  // Epilogue: dK (scaled) and dV to 16-bit, staged in this warp's own rows of sK / sV, then
+  // whole 16-byte chunks of the valid rows.
+#pragma unroll
+  for (int dt = 0; dt < kDT; ++dt) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = kr0 + g + 8 * hf;
+      st_shared_b32(sK + swizzle<Tr::kChunks>(r, dt) + 4 * t,
+                    pack2<T>(acc_dk[dt][2 * hf] * f.softmax_scale,
+                             acc_dk[dt][2 * hf + 1] * f.softmax_scale));
+      st_shared_b32(sV + swizzle<Tr::kChunks>(r, dt) + 4 * t,
+                    pack2<T>(acc_dv[dt][2 * hf], acc_dv[dt][2 * hf + 1]));
+    }
+  }
+  __syncwarp();
+  T* dk = static_cast<T*>(p.dk) + (static_cast<int64_t>(e.k_start) + n0 + kr0) * p.dk_row_stride +
+          static_cast<int64_t>(kv_head) * D;
+  T* dv = static_cast<T*>(p.dv) + (static_cast<int64_t>(e.k_start) + n0 + kr0) * p.dv_row_stride +
+          static_cast<int64_t>(kv_head) * D;
+#pragma unroll
+  for (int i = 0; i < 16 * Tr::kChunks / 32; ++i) {
+    const int idx = lane + 32 * i;
+    const int r = idx / Tr::kChunks;
+    const int c = idx % Tr::kChunks;
+    if (n0 + kr0 + r < k_len) {
+      *reinterpret_cast<uint4*>(dk + static_cast<int64_t>(r) * p.dk_row_stride + c * 8) =
+          ld_shared_v4(sK + swizzle<Tr::kChunks>(kr0 + r, c));
+      *reinterpret_cast<uint4*>(dv + static_cast<int64_t>(r) * p.dv_row_stride + c * 8) =
+          ld_shared_v4(sV + swizzle<Tr::kChunks>(kr0 + r, c));
+    }
+  }
+}
+
+template <typename T, class Tr, bool kSoftcap, bool kDeterministic>
+cudaError_t launch_flash_bwd_mma(const FlashBwdParams& p, const FlashBwdWorkspace& ws,
+                                 cudaStream_t stream) {
+  auto kernel = flash_bwd_mma_kernel<T, Tr, kSoftcap, kDeterministic>;
+  cudaError_t err =
+      ensure_smem_attrs<flash_bwd_mma_kernel<T, Tr, kSoftcap, kDeterministic>>(Tr::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  int64_t tiles = (static_cast<int64_t>(p.fwd.total_k) + Tr::kBlockN - 1) / Tr::kBlockN +
+                  p.fwd.batch;
+  if (tiles > INT32_MAX) tiles = INT32_MAX;
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.fwd.num_heads_k));
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, ws);
+  return cudaGetLastError();
+}
+
+}  // namespace mma_bwd
+
+// Backward for p.fwd.head_dim == head_dim_v == kHeadDim, T = __half or __nv_bfloat16, params
+// accepted by flash_attention_bwd_mma_supported, p.workspace of
+// flash_bwd_workspace_bytes(p.fwd, kBwdMmaBlockM, p.deterministic) bytes. Writes dq, dk, dv
+// (zeros on rows no sequence owns). Asynchronous on `stream`; never synchronizes or allocates.
+constexpr int32_t kBwdMmaBlockM = 64;
+
+template <typename T, int kHeadDim>
+cudaError_t run_flash_attention_bwd_mma(const FlashBwdParams& p, cudaStream_t stream) {
+  static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>,
+                "float16 or bfloat16");
+  using Tr = mma_bwd::DefaultBwdTraits<kHeadDim>;
+  static_assert(Tr::kBlockM == kBwdMmaBlockM, "the workspace is sized with kBwdMmaBlockM");
+  const FlashParams& f = p.fwd;
+  const FlashBwdWorkspace ws = flash_bwd_workspace(p, Tr::kBlockM);
+  const size_t dk_bytes = static_cast<size_t>(f.total_k) * p.dk_row_stride * sizeof(T);
+  const size_t dv_bytes = static_cast<size_t>(f.total_k) * p.dv_row_stride * sizeof(T);
+  cudaError_t err = cudaMemsetAsync(p.dk, 0, dk_bytes, stream);
+  if (err == cudaSuccess) err = cudaMemsetAsync(p.dv, 0, dv_bytes, stream);
+  if (err == cudaSuccess)
+    err = cudaMemsetAsync(ws.dq_accum, 0,
+                          sizeof(float) * static_cast<size_t>(f.total_q) * f.num_heads * kHeadDim,
+                          stream);
+  if (err == cudaSuccess && p.deterministic)
+    err = cudaMemsetAsync(ws.dq_turn, 0,
+                          sizeof(int32_t) * static_cast<size_t>(f.num_heads) * ws.q_tile_slots,
+                          stream);
+  if (err == cudaSuccess) err = flash_bwd_delta<T>(p, ws.delta, stream);
+  if (err == cudaSuccess && f.batch > 0 && f.total_q > 0 && f.total_k > 0) {
+    if (f.softcap > 0.f) {
+      err = p.deterministic ? mma_bwd::launch_flash_bwd_mma<T, Tr, true, true>(p, ws, stream)
+                            : mma_bwd::launch_flash_bwd_mma<T, Tr, true, false>(p, ws, stream);
+    } else {
+      err = p.deterministic ? mma_bwd::launch_flash_bwd_mma<T, Tr, false, true>(p, ws, stream)
+                            : mma_bwd::launch_flash_bwd_mma<T, Tr, false, false>(p, ws, stream);
+    }
+  }
+  if (err == cudaSuccess) err = flash_bwd_dq_convert<T>(p, ws.dq_accum, stream);
+  return err;
+}
+
+extern template cudaError_t run_flash_attention_bwd_mma<__half, 64>(const FlashBwdParams&,
+                                                                    cudaStream_t);
+extern template cudaError_t run_flash_attention_bwd_mma<__half, 128>(const FlashBwdParams&,
+                                                                     cudaStream_t);
+extern template cudaError_t run_flash_attention_bwd_mma<__nv_bfloat16, 64>(const FlashBwdParams&,
+                                                                           cudaStream_t);
+extern template cudaError_t run_flash_attention_bwd_mma<__nv_bfloat16, 128>(
+    const FlashBwdParams&, cudaStream_t);
+
+}  // namespace jax_flash
