@@ -201,10 +201,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   auto load_q_do = [&](int it, int buf) {
     const int h = head_of(it);
     const int m0 = block_of(it) * BM;
-    load_tile<Tr, BM, true>(sQ + buf * Tr::kSmemQ, q_base + static_cast<int64_t>(h) * D,
-                            f.q_row_stride, m0, q_len, tid);
-    load_tile<Tr, BM, true>(sdO + buf * Tr::kSmemQ, do_base + static_cast<int64_t>(h) * D,
-                            p.dout_row_stride, m0, q_len, tid);
+    load_tile<Tr, BM, true, false>(sQ + buf * Tr::kSmemQ, q_base + static_cast<int64_t>(h) * D,
+                            f.q_row_stride, m0, q_len, Tr::kChunks, tid);
+    load_tile<Tr, BM, true, false>(sdO + buf * Tr::kSmemQ, do_base + static_cast<int64_t>(h) * D,
+                            p.dout_row_stride, m0, q_len, Tr::kChunks, tid);
   };
   // lse in log2 units, +inf for rows past the sequence and rows that saw no key (lse = -inf):
   // their weights are exp2(-inf) = 0.
@@ -223,12 +223,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   {
     const int64_t kv_off = static_cast<int64_t>(kv_head) * D;
-    load_tile<Tr, BN, true>(sK, static_cast<const T*>(f.k) +
+    load_tile<Tr, BN, true, false>(sK, static_cast<const T*>(f.k) +
                                     static_cast<int64_t>(e.k_start) * f.k_row_stride + kv_off,
-                            f.k_row_stride, n0, k_len, tid);
-    load_tile<Tr, BN, true>(sV, static_cast<const T*>(f.v) +
+                            f.k_row_stride, n0, k_len, Tr::kChunks, tid);
+    load_tile<Tr, BN, true, false>(sV, static_cast<const T*>(f.v) +
                                     static_cast<int64_t>(e.k_start) * f.v_row_stride + kv_off,
-                            f.v_row_stride, n0, k_len, tid);
+                            f.v_row_stride, n0, k_len, Tr::kChunks, tid);
     load_q_do(0, 0);
     cp_async_commit();
     float l, d;
