@@ -49,10 +49,15 @@ def _ffi_attrs(config: FlashConfig) -> dict:
     return {**forward._ffi_attrs(config), "deterministic": np.int32(config.deterministic)}
 
 
-def _check_cuda(ctx, config):
+def _cuda_kernel(avals_in, config):
+    # The backward kernels take the head dims the forward's do (q, k, v lead the operands); one
+    # FFI target, which picks its tensor-core or SIMT kernel itself.
     if not _native.has_cuda_target(CUDA_TARGET):
-        return "this build of jax_flash has no CUDA backward kernel"
-    return forward._check_cuda(ctx, config)
+        return None, "this build of jax_flash has no CUDA backward kernel"
+    if avals_in[2].shape[2] == 0:
+        return None, "the CUDA backward kernels take head_dim_v >= 1, got 0"
+    name, reason = forward._cuda_kernel(avals_in, config)
+    return (None, None) if name is not None else (None, reason)
 
 
 def _reference(q, k, v, o, lse, do, dlse, q_starts, q_ends, k_starts, k_ends, *, config):
@@ -112,7 +117,7 @@ def _per_shard(config, got):
 
 
 register_lowerings(
-    flash_attention_bwd_p, "flash_attention_bwd", _ffi_attrs, _reference, _check_cuda,
+    flash_attention_bwd_p, "flash_attention_bwd", _ffi_attrs, _reference, _cuda_kernel,
     partitioning=Partitioning(_rule, _per_shard),
 )  # fmt: skip
 

@@ -42,13 +42,14 @@ constexpr bool flash_hopper_head_dims_supported(int64_t head_dim, int64_t head_d
 // head dims as flash_mma_head_dims_supported, softmax_scale finite and > 0 unless softcap > 0
 // (the running max is kept in unscaled units), softcap finite (<= 0: off); the launcher also
 // needs 16-byte aligned buffers and row strides (flash_attention_mma_supported; XLA's buffers
-// and the ops' layouts are). kSimt: every other case with D, Dv <= kFlashMaxHeadDim. kNone: no
+// and the ops' layouts are). kSimt: every other case with 1 <= D <= kFlashMaxHeadDim and
+// 0 <= Dv <= kFlashMaxHeadDim (Dv = 0: only lse is computed). kNone: no
 // CUDA kernel (implementation=None then runs the jnp reference, with a warning).
 enum class FlashChoice : int32_t { kNone = 0, kSimt = 1, kTensorCore = 2 };
 
 inline FlashChoice flash_kernel_choice(DType dtype, int64_t head_dim, int64_t head_dim_v,
                                        float softmax_scale, float softcap) {
-  if (head_dim < 1 || head_dim_v < 1 || head_dim > kFlashMaxHeadDim ||
+  if (head_dim < 1 || head_dim_v < 0 || head_dim > kFlashMaxHeadDim ||
       head_dim_v > kFlashMaxHeadDim)
     return FlashChoice::kNone;
   const bool q16 = dtype == DType::kFloat16 || dtype == DType::kBFloat16;
