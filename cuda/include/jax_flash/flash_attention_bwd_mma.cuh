@@ -38,6 +38,7 @@
 #include "jax_flash/flash_bwd_params.h"
 #include "jax_flash/launch.cuh"
 #include "jax_flash/mma_sync.cuh"
+#include "jax_flash/softmax.cuh"
 
 namespace jax_flash {
 
@@ -176,13 +177,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const uint32_t bt_lane =
       (((lane >> 3) & 1) * 8 + (lane & 7)) * R + ((((lane >> 4) & 1) ^ (lane & 7)) << 4);
 
-  float scale_log2, softcap_in = 0.f;
-  if constexpr (kSoftcap) {
-    softcap_in = f.softmax_scale / f.softcap;
-    scale_log2 = f.softcap * kLog2e;
-  } else {
-    scale_log2 = f.softmax_scale * kLog2e;
-  }
+  const ScoreScale score = score_scale<kSoftcap>(f);
+  const float scale_log2 = score.scale_log2, softcap_in = score.softcap_in;
   // Key j of the sequence is visible from query row i iff j < k_len and
   // d_min <= j - i <= d_max (flash_params.h's mask with diag = i + k_len - q_len).
   const int64_t off = static_cast<int64_t>(k_len) - q_len;

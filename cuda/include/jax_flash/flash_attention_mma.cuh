@@ -41,6 +41,7 @@
 #include "jax_flash/flash_params.h"
 #include "jax_flash/mma_sync.cuh"
 #include "jax_flash/policy/flash.h"
+#include "jax_flash/softmax.cuh"
 
 namespace jax_flash {
 
@@ -128,15 +129,9 @@ struct DefaultTraits<256> {
   using type = MmaTraits<256, 64, 64, 4, 1>;
 };
 
-constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kRescaleLog2 = 8.f;  // lazy rescale threshold, log2 units (weights <= 256)
 
-// tanh(x) = 1 - 2 / (1 + e^{2x}): absolute error ~1e-7 (tanh.approx.f32's ~5e-4 would be
-// multiplied by softcap); saturates to +-1 without NaN.
-__device__ __forceinline__ float softcap_tanh(float x) {
-  return 1.f - 2.f / (1.f + fast_exp2(x * (2.f * kLog2e)));
-}
 
 // Copies rows [row0, row0 + kRows) of a head's [rows, kHeadDim] slice g (row stride `stride`
 // elements) into a swizzled shared tile. With kGuard, rows >= valid_rows are zero-filled and not
@@ -262,13 +257,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
 
   // Scores are kept in "raw" units x (q.k, or tanh(scale q.k / softcap) with softcap); the
   // softmax weight is exp2(x * scale_log2 - max * scale_log2).
-  float scale_log2, softcap_in = 0.f;
-  if constexpr (kSoftcap) {
-    softcap_in = p.softmax_scale / p.softcap;
-    scale_log2 = p.softcap * kLog2e;
-  } else {
-    scale_log2 = p.softmax_scale * kLog2e;
-  }
+  const ScoreScale score = score_scale<kSoftcap>(p);
+  const float scale_log2 = score.scale_log2, softcap_in = score.softcap_in;
 
 
   for (int64_t tile = blockIdx.x;; tile += gridDim.x) {

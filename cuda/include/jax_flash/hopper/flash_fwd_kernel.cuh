@@ -38,6 +38,7 @@
 #include "jax_flash/hopper/tile_config.cuh"
 #include "jax_flash/hopper/wgmma.cuh"
 #include "jax_flash/mma_sync.cuh"
+#include "jax_flash/softmax.cuh"
 
 namespace jax_flash::hopper {
 
@@ -46,7 +47,6 @@ using mma_detail::ld_shared_v4;
 using mma_detail::pack2;
 using mma_detail::st_shared_b32;
 
-constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kRescaleLog2 = 8.f;
 
@@ -83,10 +83,6 @@ __device__ __forceinline__ bool find_work(const FlashParams& p, int64_t w, Flash
   return true;
 }
 
-// tanh(x) = 1 - 2 / (1 + e^{2x}), as the mma.sync kernel (accurate to ~1e-7, no NaN).
-__device__ __forceinline__ float softcap_tanh(float x) {
-  return 1.f - 2.f / (1.f + fast_exp2(x * (2.f * kLog2e)));
-}
 
 template <typename T, class Tr, bool kSoftcap>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
@@ -197,13 +193,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int t = lane & 3;              // accumulator column pair
   const int row_in_tile = 64 * cw + 16 * (warp & 3) + g;  // this thread's first row (second +8)
 
-  float scale_log2, softcap_in = 0.f;
-  if constexpr (kSoftcap) {
-    softcap_in = p.softmax_scale / p.softcap;
-    scale_log2 = p.softcap * kLog2e;
-  } else {
-    scale_log2 = p.softmax_scale * kLog2e;
-  }
+  const ScoreScale score = score_scale<kSoftcap>(p);
+  const float scale_log2 = score.scale_log2, softcap_in = score.softcap_in;
 
   if constexpr (Tr::kPingPong) {
     if (cw == 1) named_arrive(4, 256);  // consumer warpgroup 0 takes the first turn
