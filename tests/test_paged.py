@@ -348,7 +348,9 @@ def test_masked_keys_contribute_nothing(kernel_platform, rng, request, opts, dty
     (README), expected to fail there."""
     if kernel_platform.name == "cuda":
         request.applymarker(
-            pytest.mark.xfail(reason="CUDA paged kernels multiply masked keys' v by p = 0 (documented)")
+            pytest.mark.xfail(
+                reason="CUDA paged kernels multiply masked keys' v by p = 0 (documented)"
+            )
         )
     Sq, Hkv, G, D, page = 4, 2, 3, 64, 8
     lens = [23, 41]
