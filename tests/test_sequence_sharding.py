@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding
+from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_flash
@@ -58,7 +58,9 @@ def _gathered_shapes(compiled_text):
     """The result shapes of every all-gather in the compiled program."""
     shapes = []
     for m in _GATHER.finditer(compiled_text):
-        shapes += [tuple(int(x) for x in s.split(",") if x) for s in re.findall(r"\[([\d,]*)\]", m[1])]
+        shapes += [
+            tuple(int(x) for x in s.split(",") if x) for s in re.findall(r"\[([\d,]*)\]", m[1])
+        ]
     return shapes
 
 
@@ -177,3 +179,34 @@ def test_window_right_of_diagonal_is_gathered(rng):
     sharded = _put((q, k, v), [spec] * 3, _mesh())
     _close(f(*sharded), _one_device(fn, (q, k, v)))
     assert any(HQ in s for s in _gathered_shapes(f.lower(*sharded).compile().as_text()))
+
+
+@needs_devices
+@pytest.mark.parametrize("mode", ["gspmd", "explicit"])
+def test_other_partitioner_and_explicit_mode(rng, mode):
+    # The GSPMD partitioner takes the same rule; explicit sharding mode types o (and dq) with
+    # q's sharding and takes k/v split like q without a reshard.
+    B, Sq, Skv, q_spec, kv_spec, _, opts = CASES["batch-seq-causal-lens"]
+    (q, k, v), ls = _inputs(rng, B, Sq, Skv, True)
+    args, specs = (q, k, v, *ls), [q_spec, kv_spec, kv_spec, P("data"), P("data")]
+    fn = _fn(True, opts)
+    grad = jax.grad(lambda *a: jnp.sum(fn(*a)[0] ** 2), argnums=(0, 1, 2))
+    single = (_one_device(fn, args), _one_device(grad, args))
+    if mode == "gspmd":
+        shardy = jax.config.jax_use_shardy_partitioner
+        jax.config.update("jax_use_shardy_partitioner", False)
+        try:
+            sharded = _put(args, specs, _mesh())
+            out = (jax.jit(fn)(*sharded), jax.jit(grad)(*sharded))
+        finally:
+            jax.config.update("jax_use_shardy_partitioner", shardy)
+    else:
+        devices = np.array(jax.devices()[:DEVICES]).reshape(2, 2)
+        mesh = jax.sharding.Mesh(devices, ("data", "model"), (AxisType.Explicit,) * 2)
+        with jax.set_mesh(mesh):
+            out = (jax.jit(fn)(*_put(args, specs, mesh)), jax.jit(grad)(*_put(args, specs, mesh)))
+            assert jax.typeof(out[0][0]).sharding.spec == P("data", "model", None, None)
+    _close(out, single)
+    like_q = NamedSharding(_mesh(), q_spec)
+    assert out[0][0].sharding.is_equivalent_to(like_q, 4)
+    assert out[1][0].sharding.is_equivalent_to(like_q, 4)

@@ -126,7 +126,9 @@ def _rule(config, shapes_in, shapes_out):
         ops = ["s (h g) d", "t h d", "t h e", "b", "b", "b", "b"]
         res = ["s (h g) e", "(h g) s"]
         whole += ("s", "t", "b")
-    return make_rule(ops, res, shapes_in, shapes_out, whole=whole, sizes=sizes)
+    return make_rule(
+        ops, res, shapes_in, shapes_out, whole=whole, sizes=sizes, share_axes=[("s", "t")]
+    )
 
 
 def shard_local_starts(got):

@@ -102,7 +102,9 @@ def _rule(config, shapes_in, shapes_out):
     q_, k_, v_ = f"{rows_q} (h g) d", f"{rows_k} h d", f"{rows_k} h e"
     o_, lse_ = f"{rows_q} (h g) e", f"(h g) {rows_q}"
     ops = [q_, k_, v_, o_, lse_, o_, lse_, seqs, seqs, seqs, seqs]
-    return make_rule(ops, [q_, k_, v_], shapes_in, shapes_out, whole=whole, sizes=sizes)
+    return make_rule(
+        ops, [q_, k_, v_], shapes_in, shapes_out, whole=whole, sizes=sizes, share_axes=[("s", "t")]
+    )
 
 
 def _per_shard(config, got):
