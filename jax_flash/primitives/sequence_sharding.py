@@ -6,7 +6,8 @@ call (q rows s, k/v rows t) may stay split; `SequenceShards` is what a device th
 shard. The strategy is the all-gather one: each device gathers the K/V rows of its sequence over
 the mesh axes that split them and runs the kernel on the query rows it holds. The output and lse
 stay sharded like q; the backward sums each device's dK/dV over the devices holding the other
-query rows and keeps its own block of k rows (a reduce-scatter where q and k/v share their axes).
+query rows and keeps its own block of k rows (a reduce-scatter where q and k/v share their axes:
+the rules let the factors s and t take the same mesh axes, partitioning.Rule.share_axes).
 
 Why all-gather and not the ring of jax_flash.parallel: the per-shard call has the packed form's
 starts/ends, so q_seqlens/kv_seqlens, Sq != Skv, q-only or k/v-only sharding and GQA need nothing
@@ -41,10 +42,8 @@ def sequence_sharded_prefill(config) -> tuple[str, ...]:
     """The factors of a dense call's query rows (s) and key rows (t) of a sequence that the
     partitioner must keep whole: none where a device can run its own rows exactly (see the module
     docstring), else both (the sequence is gathered first, which is exact)."""
-    aligned_on_shard = config.window_right == 0 or (config.window_left, config.window_right) == (
-        -1,
-        -1,
-    )
+    window = (config.window_left, config.window_right)
+    aligned_on_shard = config.window_right == 0 or window == (-1, -1)
     return () if aligned_on_shard else ("s", "t")
 
 
