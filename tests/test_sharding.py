@@ -124,7 +124,9 @@ def test_prefill_vmapped(rng):
 
 @needs_devices
 def test_prefill_sequence_sharded_is_gathered(rng):
-    # Context parallelism is jax_flash.parallel's: the rule gathers the sequence (exact).
+    # 4 sequences over 2 devices hold 2 each: a split of their rows would not be one block of
+    # the packed rows, so the sequence is gathered (exact). Sequence shards of one sequence per
+    # device run context parallelism: tests/test_sequence_sharding.py.
     q, k, v = _prefill_inputs(rng, S=8, Skv=12)
     fn = lambda q, k, v: jax_flash.flash_attention(q, k, v, causal=True)  # noqa: E731
     check(fn, (q, k, v), [P("data", "model")] * 3, None, collectives=True)

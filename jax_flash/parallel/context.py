@@ -338,8 +338,10 @@ def context_parallel_shard(
     strategy: str = "auto",
     implementation: str | None = None,
 ):
-    """The hook for a sequence-sharded `jax_flash.flash_attention`: what a partitioning rule
-    calls on each shard when q, k and v are sharded on their sequence axis.
+    """A per-shard form of a sequence-sharded `jax_flash.flash_attention` over the ring or
+    all-gather strategies, for code that partitions by hand (the partitioned lowering of
+    `flash_attention` itself runs primitives/sequence_sharding.py, an all-gather form that takes
+    seqlens and Sq != Skv).
 
     Given this device's blocks of a naturally ordered sequence (device d of ``axis_size`` holds
     rows ``[d * S_local, (d + 1) * S_local)`` of q, k and v), returns this device's block of

@@ -10,7 +10,8 @@ rows [k_starts[b], k_ends[b])).
 
 With config.dense (the padded API) the rows are B equal blocks, Tq = B*Sq and Tk = B*Skv, and
 sequence b's rows lie in block b: the row axes may then be split by whole sequences (batch
-sharding), with the starts/ends made local to the shard.
+sharding), with the starts/ends made local to the shard, and within one sequence (context
+parallelism: sequence_sharding.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .._compat import NOT_MAPPED, ShapedArray, batching
 from .._native import _cpu
 from ._common import batch_first, make_primitive, register_lowerings
 from .partitioning import Partitioning, local_index, make_rule
+from .sequence_sharding import SequenceShards, sequence_sharded_prefill
 
 # Largest head dim the CUDA kernels take (cuda/include/jax_flash/policy/limits.h).
 CUDA_MAX_HEAD_DIM = _cpu.policy.FLASH_MAX_HEAD_DIM
@@ -107,14 +109,6 @@ def _reference(*args, config):
     )
 
 
-def sequence_sharded_prefill() -> tuple[str, ...]:
-    """The one place where a sharded sequence axis of prefill is decided: the factors of the
-    query rows (s) and key rows (t) of a sequence that the partitioner must keep whole. A
-    sequence split over devices needs context parallelism (jax_flash.parallel: ring or
-    all-gather attention); here it is gathered first, which is exact."""
-    return ("s", "t")
-
-
 def _rule(config, shapes_in, shapes_out):
     # Heads: q head h*g + j reads kv head h, so a shard of kv heads takes its q heads' block.
     # Head dims stay whole (the kernel contracts over D).
@@ -126,13 +120,15 @@ def _rule(config, shapes_in, shapes_out):
         ops = ["(b s) (h g) d", "(b t) h d", "(b t) h e", "b", "b", "b", "b"]
         res = ["(b s) (h g) e", "(h g) (b s)"]
         sizes.update(s=tq // nb, t=tk // nb)
-        whole += sequence_sharded_prefill()
+        whole += sequence_sharded_prefill(config)
     else:
         # Packed sequences of any lengths: the rows (and so the sequences) stay whole.
         ops = ["s (h g) d", "t h d", "t h e", "b", "b", "b", "b"]
         res = ["s (h g) e", "(h g) s"]
         whole += ("s", "t", "b")
-    return make_rule(ops, res, shapes_in, shapes_out, whole=whole, sizes=sizes)
+    return make_rule(
+        ops, res, shapes_in, shapes_out, whole=whole, sizes=sizes, share_axes=[("s", "t")]
+    )
 
 
 def shard_local_starts(got):
@@ -154,6 +150,15 @@ def shard_local_starts(got):
 
 
 def _per_shard(config, got):
+    seq = SequenceShards.of(got)
+    if seq is not None:  # context parallelism: this device's q rows against all of its K/V
+
+        def cp_call(q, k, v, *starts):
+            k, v = seq.gather_kv(k), seq.gather_kv(v)
+            local, starts = seq.local_call(config, q, k, *starts)
+            return flash_attention_p.bind(q, k, v, *starts, config=local)
+
+        return cp_call
     localise = shard_local_starts(got)
     if localise is None:
         return None

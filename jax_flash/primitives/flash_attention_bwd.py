@@ -25,8 +25,9 @@ from .. import _native, reference
 from .._compat import NOT_MAPPED, ShapedArray, batching
 from . import flash_attention as forward
 from ._common import batch_first, make_primitive, register_lowerings
-from .flash_attention import FlashConfig, sequence_sharded_prefill, shard_local_starts
+from .flash_attention import FlashConfig, shard_local_starts
 from .partitioning import Partitioning, make_rule
+from .sequence_sharding import SequenceShards, sequence_sharded_prefill
 
 CUDA_TARGET = "jax_flash_flash_attention_bwd_cuda"
 
@@ -94,17 +95,31 @@ def _rule(config, shapes_in, shapes_out):
     if config.dense:
         rows_q, rows_k, seqs = "(b s)", "(b t)", "b"
         sizes.update(s=tq // nb, t=tk // nb)
-        whole += sequence_sharded_prefill()
+        whole += sequence_sharded_prefill(config)
     else:
         rows_q, rows_k, seqs = "s", "t", "b"
         whole += ("s", "t", "b")
     q_, k_, v_ = f"{rows_q} (h g) d", f"{rows_k} h d", f"{rows_k} h e"
     o_, lse_ = f"{rows_q} (h g) e", f"(h g) {rows_q}"
     ops = [q_, k_, v_, o_, lse_, o_, lse_, seqs, seqs, seqs, seqs]
-    return make_rule(ops, [q_, k_, v_], shapes_in, shapes_out, whole=whole, sizes=sizes)
+    return make_rule(
+        ops, [q_, k_, v_], shapes_in, shapes_out, whole=whole, sizes=sizes, share_axes=[("s", "t")]
+    )
 
 
 def _per_shard(config, got):
+    seq = SequenceShards.of(got)
+    if seq is not None:  # context parallelism, as the forward's; dK/dV summed over q's shards
+
+        def cp_call(q, k, v, o, lse, do, dlse, *starts):
+            kf, vf = seq.gather_kv(k), seq.gather_kv(v)
+            local, starts = seq.local_call(config, q, kf, *starts)
+            dq, dk, dv = flash_attention_bwd_p.bind(
+                q, kf, vf, o, lse, do, dlse, *starts, config=local
+            )
+            return dq, seq.reduce_kv_grad(dk), seq.reduce_kv_grad(dv)
+
+        return cp_call
     localise = shard_local_starts(got)
     if localise is None:
         return None

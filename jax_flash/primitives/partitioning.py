@@ -52,6 +52,10 @@ class Rule:
     results: tuple[tuple[Dim, ...], ...]
     sizes: dict[str, int]
     whole: frozenset[str]
+    # Pairs of factors that may be split over the same mesh axes (factors that never meet in
+    # one operand or result, and whose per-shard call knows it: the query and key rows of a
+    # sequence-sharded prefill). Otherwise an axis splits one factor only.
+    share_axes: frozenset[frozenset[str]] = frozenset()
 
     def shardy(self):
         """(rule string, keyword arguments) for custom_partitioning's `sharding_rule`."""
@@ -91,7 +95,9 @@ def parse(text: str) -> tuple[Dim, ...]:
     return tuple(dims)
 
 
-def make_rule(operands, results, shapes_in, shapes_out, whole=(), sizes=None) -> Rule:
+def make_rule(
+    operands, results, shapes_in, shapes_out, whole=(), sizes=None, share_axes=()
+) -> Rule:
     """A Rule from dimension strings and the operand/result shapes; the size of a factor is its
     dimension's size, or given in `sizes` for the minor factors of compound dimensions (the
     major one is the rest). A factor of size 0 is kept whole."""
@@ -108,7 +114,8 @@ def make_rule(operands, results, shapes_in, shapes_out, whole=(), sizes=None) ->
                 rest = math.prod(known[f] for f in d[1:])
                 known.setdefault(d[0], n // rest if rest else 0)
     zero = {f for f, n in known.items() if n == 0}
-    return Rule(ops, res, known, frozenset(whole) | zero)
+    shared = frozenset(frozenset(pair) for pair in share_axes)
+    return Rule(ops, res, known, frozenset(whole) | zero, shared)
 
 
 def _spec_axes(spec, ndim) -> list[tuple[str, ...]]:
@@ -124,9 +131,9 @@ def assign(rule: Rule, specs, axis_sizes: dict[str, int]) -> dict[str, tuple[str
     to its factors major first, each factor taking axes while its size stays divisible (no
     padded shards), a minor factor only once the major ones are split to size 1 (so that a
     shard is one contiguous block of the dimension). Factors kept whole and axes already taken
-    by another factor take none."""
+    by another factor take none (unless the rule lets the two share axes)."""
     got: dict[str, tuple[str, ...]] = {}
-    used: set[str] = set()
+    used: dict[str, str] = {}  # mesh axis -> the factor it splits
     for dims, spec in zip(rule.operands, specs, strict=True):
         for factors, axes in zip(dims, _spec_axes(spec, len(dims)), strict=True):
             rest = list(axes)
@@ -144,7 +151,9 @@ def assign(rule: Rule, specs, axis_sizes: dict[str, int]) -> dict[str, tuple[str
                     take = []
                     while (
                         rest
-                        and rest[0] not in used
+                        and (
+                            rest[0] not in used or frozenset((used[rest[0]], f)) in rule.share_axes
+                        )
                         and rule.sizes[f]
                         % (math.prod(axis_sizes[a] for a in take) * axis_sizes[rest[0]])
                         == 0
@@ -152,7 +161,7 @@ def assign(rule: Rule, specs, axis_sizes: dict[str, int]) -> dict[str, tuple[str
                         take.append(rest.pop(0))
                     if take:
                         got[f] = tuple(take)
-                        used.update(take)
+                        used.update(dict.fromkeys(take, f))
                 if math.prod(axis_sizes[a] for a in got.get(f, ())) != rule.sizes[f]:
                     break  # the next factor may not be split: shards would not be contiguous
     return got
