@@ -32,3 +32,25 @@ def tolerance(dtype, same_dtype_err):
     """2x the error a plain jnp attention computed in the same dtype makes, plus a floor of one
     rounding unit of the dtype (1e-5 for float32, whose same-dtype error is ~0 here)."""
     return 2.0 * same_dtype_err + max(float(jnp.finfo(dtype).eps), 1e-5)
+
+
+def run_on_host_devices(test_file: str, n: int, keyword: str) -> None:
+    """Runs the tests of `test_file` selected by `keyword` in a child pytest with `n` CPU host
+    devices; asserts they all ran and passed (none skipped)."""
+    import os
+    import subprocess
+    import sys
+
+    flags = os.environ.get("XLA_FLAGS", "")
+    env = {
+        **os.environ,
+        "XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count={n}".strip(),
+        "JAX_PLATFORMS": "cpu",
+    }
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", test_file]
+    cmd += ["-k", keyword]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-8000:]
+    summary = out.strip().splitlines()[-1]
+    assert "passed" in summary and "skipped" not in summary, out[-8000:]

@@ -10,10 +10,7 @@ the checks run directly. The planner, merge and layout checks need no devices an
 
 import functools
 import itertools
-import os
 import re
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +23,7 @@ import jax_flash
 from jax_flash import parallel, reference
 from jax_flash.parallel import _tiles, context
 
-from _util import randn, rel_err, tolerance
+from _util import randn, rel_err, run_on_host_devices, tolerance
 
 N = 4
 MULTI = len(jax.devices()) >= N
@@ -35,19 +32,7 @@ multi = pytest.mark.skipif(not MULTI, reason=f"needs {N} devices (run in the sub
 
 @pytest.mark.skipif(MULTI, reason="the checks run directly here")
 def test_on_four_host_devices():
-    flags = os.environ.get("XLA_FLAGS", "")
-    env = {
-        **os.environ,
-        "XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count={N}".strip(),
-        "JAX_PLATFORMS": "cpu",
-    }
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", __file__]
-    cmd += ["-k", "not test_on_four_host_devices"]
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-8000:]
-    summary = out.strip().splitlines()[-1]
-    assert "passed" in summary and "skipped" not in summary, out[-8000:]
+    run_on_host_devices(__file__, N, "not test_on_four_host_devices")
 
 
 # --- no devices needed ---------------------------------------------------------------------

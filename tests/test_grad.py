@@ -9,10 +9,7 @@ whole backward, the Delta = rowsum(dO * O) - dLSE term included.
 """
 
 import functools
-import os
 import re
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +21,7 @@ from jax.sharding import PartitionSpec as P
 import jax_flash
 from jax_flash import reference
 
-from _util import DTYPES, randn, rel_err, tolerance
+from _util import DTYPES, randn, rel_err, run_on_host_devices, tolerance
 
 NAMES = ("dq", "dk", "dv")
 
@@ -379,19 +376,7 @@ COLLECTIVE = re.compile(r"\b(all-gather|all-reduce|all-to-all|collective-permute
 
 @pytest.mark.skipif(MULTI, reason="the checks run directly here")
 def test_on_four_host_devices():
-    flags = os.environ.get("XLA_FLAGS", "")
-    env = {
-        **os.environ,
-        "XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count={N}".strip(),
-        "JAX_PLATFORMS": "cpu",
-    }
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", __file__]
-    cmd += ["-k", "multi_device"]
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-8000:]
-    summary = out.strip().splitlines()[-1]
-    assert "passed" in summary and "skipped" not in summary, out[-8000:]
+    run_on_host_devices(__file__, N, "multi_device")
 
 
 def _multi_inputs(rng, B=4, S=64):
