@@ -55,13 +55,7 @@ using cpu::round_up;
 
 // Micro-kernel shape (gemm.h) and the tile extents padded for it.
 template <class Tile>
-struct Cfg : Tile {
-  using Tile::MR;
-  using Tile::NR;
-  // Query rows / key rows of a tile, padded for the micro-kernel (both GEMMs).
-  static constexpr int RC = std::max((kBlockM + NR - 1) / NR * NR, (kBlockM + MR - 1) / MR * MR);
-  static constexpr int KR = (kBlockN + MR - 1) / MR * MR;
-};
+using Cfg = cpu::PaddedTile<Tile, kBlockM, kBlockN>;
 using CfgGeneric = Cfg<cpu::TileGeneric>;
 using CfgAvx2 = Cfg<cpu::TileAvx2>;
 using CfgAvx512 = Cfg<cpu::TileAvx512>;

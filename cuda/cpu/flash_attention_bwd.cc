@@ -53,14 +53,7 @@ using cpu::round_up;
 
 // Micro-kernel shape (gemm.h) and the tile extents padded for it.
 template <class Tile>
-struct Cfg : Tile {
-  using Tile::MR;
-  using Tile::NR;
-  // Rows of a tile: the N extent of S^T (multiple of NR) and the M extent of dQ (of MR).
-  static constexpr int RC = std::max((kBlockM + NR - 1) / NR * NR, (kBlockM + MR - 1) / MR * MR);
-  // Keys of a tile: the M extent of S^T, dP^T, dK, dV.
-  static constexpr int KR = (kBlockN + MR - 1) / MR * MR;
-};
+using Cfg = cpu::PaddedTile<Tile, kBlockM, kBlockN>;
 using CfgGeneric = Cfg<cpu::TileGeneric>;
 using CfgAvx2 = Cfg<cpu::TileAvx2>;
 using CfgAvx512 = Cfg<cpu::TileAvx512>;

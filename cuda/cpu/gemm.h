@@ -2,6 +2,7 @@
 // register-block shapes each ISA copy of a kernel uses (isa.h). Inlined into every copy.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -79,6 +80,17 @@ struct MicroTile {
 using TileGeneric = MicroTile<4, 4, 2>;  // 8 accumulators of 128 bits (baseline x86-64: 16 xmm)
 using TileAvx2 = MicroTile<8, 6, 2>;     // 12 accumulators of 256 bits (16 ymm)
 using TileAvx512 = MicroTile<16, 6, 2>;  // 12 accumulators of 512 bits (32 zmm)
+
+// An attention tile of BlockM query rows x BlockN keys, its extents padded for the micro-kernel.
+// The rows are the N extent of S^T = K Q^T (a multiple of NR) and the M extent of a GEMM that
+// produces per-row results such as dQ (of MR); the keys are the M extent of S^T (of MR).
+template <class Tile, int BlockM, int BlockN>
+struct PaddedTile : Tile {
+  using Tile::MR;
+  using Tile::NR;
+  static constexpr int RC = std::max((BlockM + NR - 1) / NR * NR, (BlockM + MR - 1) / MR * MR);
+  static constexpr int KR = (BlockN + MR - 1) / MR * MR;
+};
 
 }  // namespace cpu
 }  // namespace jax_flash
