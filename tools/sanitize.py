@@ -26,7 +26,8 @@ apply_rope; sample and top_k_top_p_filter (NaN / -inf rows, ties, per-row parame
 How it is made to see real bugs:
 - XLA_PYTHON_CLIENT_ALLOCATOR=platform: each buffer is its own device allocation, so memcheck
   catches an access past a buffer (XLA's pooled allocator would hide it inside the pool).
-- XLA command buffers (CUDA graphs) off: every kernel is a plain launch.
+- XLA command buffers (CUDA graphs) off: every kernel is a plain launch. XLA's autotuning off:
+  its candidate kernels would run, instrumented, inside every compilation.
 - racecheck and synccheck instrument only jax_flash's kernels (`--kernel-name kns=jax_flash`,
   all kernels live in namespace jax_flash): over the whole process they take too long.
   memcheck and initcheck see every kernel (initcheck must see every write, or an input
@@ -324,7 +325,11 @@ def _run_tool(args, sanitizer: str, tool: str, log_path: pathlib.Path) -> bool:
     env = dict(os.environ)
     env.setdefault("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer=").strip()
+    # No command buffers (plain launches), and no autotuning: XLA would time candidate kernels
+    # during compilation, each of them instrumented too (initcheck spent minutes there).
+    env["XLA_FLAGS"] = (
+        env.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer= --xla_gpu_autotune_level=0"
+    ).strip()
     modes = [None] if args.quick else ["0", "1"]
     t0 = time.monotonic()
     ok, errors, extras, logs = True, 0, "", []
