@@ -471,3 +471,27 @@ def test_generate_example_progress_bar_ends_its_line(generate_example, tty):
     print("next", file=stream)
     lines = stream.getvalue().replace("\r", "\n").split("\n")
     assert lines[-2] == "next" and lines[-3].endswith("16/32 steps")
+
+
+def _sanitizer_driver(*flags):
+    """tools/sanitize.py's driver (what each compute-sanitizer tool runs) on the CPU kernels:
+    the op names of the calls it made."""
+    cmd = [sys.executable, str(ROOT / "tools" / "sanitize.py"), "--driver"]
+    out = subprocess.run([*cmd, "--driver-platform", "cpu", "--quick", *flags], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[-1].startswith("driver: OK")
+    return {line.split()[1] for line in lines[:-1] if line.startswith("driver: ")}
+
+
+def test_sanitizer_driver_calls_every_op():
+    # The GPU sanitizer run is only as good as its driver: it must keep calling every op.
+    assert _sanitizer_driver() == {
+        "flash_attention", "flash_attention_varlen", "paged_attention", "append_kv",
+        "copy_pages", "reorder_beams", "apply_rope", "sample", "top_k_top_p_filter",
+    }  # fmt: skip
+    assert _sanitizer_driver("--ops", "paged_attention,apply_rope") == {
+        "paged_attention",
+        "apply_rope",
+    }

@@ -3,6 +3,7 @@
     python tools/sanitize.py                      # all four tools, every case
     python tools/sanitize.py --quick              # one case per kernel, default paged dispatch
     python tools/sanitize.py --tools memcheck,racecheck --timeout 900 --log-dir san-logs
+    python tools/sanitize.py --tools initcheck --ops paged_attention --paged-kernels tensor_core
 
 Needs a GPU, jax_flash built with its CUDA kernels, and `compute-sanitizer` (on PATH, or in
 `$CUDA_HOME/bin`, or next to `nvcc`; `--sanitizer PATH` to name it). For each tool it runs this
@@ -19,9 +20,11 @@ and lse, and its gradients (both backward modes); flash_attention_varlen with of
 rows (clamped), and its deterministic gradient; paged_attention on both
 decode kernels (f16/bf16 caches and int8/e4m3 with per-head or per-token scales; one and several
 query tokens; bad lengths and page ids, which give NaN) -- unless --quick, the driver runs twice
-per tool, with JAX_FLASH_PAGED_MMA=0 and =1, so that every paged case meets both kernels;
-append_kv (plain, quantized, bad slots, fused RoPE with q); copy_pages and reorder_beams;
-apply_rope; sample and top_k_top_p_filter (NaN / -inf rows, ties, per-row parameters).
+per tool, with JAX_FLASH_PAGED_MMA=0 and =1, so that every paged case meets both kernels
+(`--paged-kernels` picks them); append_kv (plain, quantized, bad slots, fused RoPE with q),
+copy_pages and reorder_beams; apply_rope; sample and top_k_top_p_filter (NaN / -inf rows, ties,
+per-row parameters). `--ops` selects some of these ops, so that a slow tool (initcheck watches
+every kernel, XLA's too, and takes minutes per driver run) can be run in parts.
 
 How it is made to see real bugs:
 - XLA_PYTHON_CLIENT_ALLOCATOR=platform: each buffer is its own device allocation, so memcheck
@@ -52,6 +55,7 @@ import time
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 FILTERED_BY_DEFAULT = ("racecheck", "synccheck")
 KERNEL_FILTER = "kns=jax_flash"
+PAGED_KERNELS = {"cuda_core": "0", "tensor_core": "1"}  # their JAX_FLASH_PAGED_MMA values
 ERROR_EXIT = 86  # compute-sanitizer's exit status when it found errors (--error-exitcode)
 
 
@@ -59,7 +63,11 @@ ERROR_EXIT = 86  # compute-sanitizer's exit status when it found errors (--error
 # The driver: every op on the GPU (run in the child process under the sanitizer)
 
 
-def _driver(quick: bool, platform: str) -> int:
+OPS = ("flash_attention", "flash_attention_varlen", "paged_attention", "append_kv", "apply_rope",
+       "sampling")  # fmt: skip
+
+
+def _driver(quick: bool, platform: str, ops: tuple[str, ...] = OPS) -> int:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -92,6 +100,10 @@ def _driver(quick: bool, platform: str) -> int:
         print(f"driver: {name}", flush=True)
         return out
 
+    def cases(op, items, quick_count):
+        """The cases of one op's section: none unless --ops selects it, the first few if quick."""
+        return [] if op not in ops else items[:quick_count] if quick else items
+
     cuda = dict(implementation="cuda" if platform == "gpu" else "cpu")
     bf16, f16, f32 = jnp.bfloat16, jnp.float16, jnp.float32
 
@@ -105,7 +117,7 @@ def _driver(quick: bool, platform: str) -> int:
         (bf16, 1, 40, 40, 2, 1, 64, 128, dict(causal=True)),  # Dv != D
         (f32, 3, 1, 300, 8, 2, 128, 128, dict()),
     ]
-    for dtype, B, Sq, Skv, Hq, Hkv, D, Dv, opts in dense[:3] if quick else dense:
+    for dtype, B, Sq, Skv, Hq, Hkv, D, Dv, opts in cases("flash_attention", dense, 3):
         q, k = normal((B, Sq, Hq, D), dtype), normal((B, Skv, Hkv, D), dtype)
         v = normal((B, Skv, Hkv, Dv), dtype)
         lens = dict(
@@ -128,7 +140,7 @@ def _driver(quick: bool, platform: str) -> int:
                 q, k, v, lens["q_seqlens"], lens["kv_seqlens"])  # fmt: skip
 
     # flash_attention_varlen: offsets past the packed rows and decreasing ones are clamped.
-    for dtype, D in [(bf16, 128), (f32, 64)][: 1 if quick else 2]:
+    for dtype, D in cases("flash_attention_varlen", [(bf16, 128), (f32, 64)], 1):
         q, k, v = (normal((70, 4, D), dtype) for _ in range(3))
         for cu in ([0, 5, 22, 60, 70], [3, 40, 20, 95, 1000]):
             cu = put(np.asarray(cu, np.int32))
@@ -153,7 +165,7 @@ def _driver(quick: bool, platform: str) -> int:
         (f16, jnp.int8, "token", 64, 32, 4, dict(num_splits=3)),
         (f32, jnp.float8_e4m3fn, "head", 128, 16, 2, dict()),
     ]
-    for tq, tc, scale, D, page, Sq, opts in paged[:3] if quick else paged:
+    for tq, tc, scale, D, page, Sq, opts in cases("paged_attention", paged, 3):
         B, Hkv, group = 5, 2, 4
         max_pages = 12
         num_pages = B * max_pages + 3
@@ -198,7 +210,7 @@ def _driver(quick: bool, platform: str) -> int:
     slots = np.array([0, 17, -1, 5, P * page, 2**31 - 1, 100, 143, -50], np.int32)
     T = slots.shape[0]
     caches = [(bf16, None), (jnp.int8, "token"), (jnp.float8_e4m3fn, "head"), (f32, None)]
-    for tc, scale in caches[:2] if quick else caches:
+    for tc, scale in cases("append_kv", caches, 2):
         dtype = f32 if tc == f32 else bf16
         kp, vp = (put(np.zeros((P, page, Hkv, D), tc)) for _ in "kv")
         scales = {}
@@ -231,8 +243,8 @@ def _driver(quick: bool, platform: str) -> int:
             put(np.array([6, 7, 8], np.int32)), kp, vp, scales)  # fmt: skip
 
     # apply_rope
-    for dtype, D, rd, style in [(bf16, 128, None, "neox"), (f32, 80, 32, "gptj"),
-                                (f16, 10, 6, "neox")][: 1 if quick else 3]:  # fmt: skip
+    ropes = [(bf16, 128, None, "neox"), (f32, 80, 32, "gptj"), (f16, 10, 6, "neox")]
+    for dtype, D, rd, style in cases("apply_rope", ropes, 1):
         x = normal((2, 37, 3, D), dtype)
         pos = put(rng.integers(-10, 70000, (2, 37)).astype(np.int32))
         run(f"apply_rope {jnp.dtype(dtype).name} D={D} rotary_dim={rd} {style}",
@@ -240,7 +252,7 @@ def _driver(quick: bool, platform: str) -> int:
             x, pos, rotary_dim=rd, style=style, **cuda)  # fmt: skip
 
     # sampling: NaN and -inf rows, ties, per-row parameters
-    for dtype, V in [(bf16, 50001), (f32, 7), (f16, 4096)][: 1 if quick else 3]:
+    for dtype, V in cases("sampling", [(bf16, 50001), (f32, 7), (f16, 4096)], 1):
         x = rng.standard_normal((6, V)).astype(np.float32) * 3
         x[1] = np.nan
         x[2] = -np.inf
@@ -321,7 +333,8 @@ def _run_tool(args, sanitizer: str, tool: str, log_path: pathlib.Path) -> bool:
     cmd = [sanitizer, "--tool", tool, "--error-exitcode", str(ERROR_EXIT)]
     if tool in FILTERED_BY_DEFAULT or args.filter_all:
         cmd += ["--kernel-name", args.kernel_filter]
-    cmd += [sys.executable, os.path.abspath(__file__), "--driver"] + (["--quick"] * args.quick)
+    cmd += [sys.executable, os.path.abspath(__file__), "--driver", "--ops", ",".join(args.ops)]
+    cmd += ["--quick"] * args.quick
     env = dict(os.environ)
     env.setdefault("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -330,7 +343,7 @@ def _run_tool(args, sanitizer: str, tool: str, log_path: pathlib.Path) -> bool:
     env["XLA_FLAGS"] = (
         env.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer= --xla_gpu_autotune_level=0"
     ).strip()
-    modes = [None] if args.quick else ["0", "1"]
+    modes = [None] if args.quick else [PAGED_KERNELS[k] for k in args.paged_kernels]
     t0 = time.monotonic()
     ok, errors, extras, logs = True, 0, "", []
     for mode in modes:
@@ -385,6 +398,16 @@ def main(argv=None) -> int:
         default=1200.0,
         help="seconds per tool (both driver runs together); default 1200",
     )
+    parser.add_argument(
+        "--ops",
+        default=",".join(OPS),
+        help=f"comma-separated subset of the ops the driver calls: {','.join(OPS)} (default: all)",
+    )
+    parser.add_argument(
+        "--paged-kernels",
+        default="cuda_core,tensor_core",
+        help="without --quick, the paged decode kernels the driver runs once each (default both)",
+    )
     parser.add_argument("--log-dir", help="where the full logs go (default: a new temp dir)")
     parser.add_argument("--sanitizer", help="path of compute-sanitizer")
     parser.add_argument(
@@ -411,8 +434,16 @@ def main(argv=None) -> int:
     for flag, values, text in choices:
         parser.add_argument(flag, choices=values, default=values[0], help=text)
     args = parser.parse_args(argv)  # fmt: skip
+    args.ops = tuple(o.strip() for o in args.ops.split(",") if o.strip())
+    if set(args.ops) - set(OPS) or not args.ops:
+        parser.error(
+            f"--ops: unknown {sorted(set(args.ops) - set(OPS))}; choose from {','.join(OPS)}"
+        )
+    args.paged_kernels = [k.strip() for k in args.paged_kernels.split(",") if k.strip()]
+    if set(args.paged_kernels) - set(PAGED_KERNELS) or not args.paged_kernels:
+        parser.error(f"--paged-kernels: choose from {','.join(PAGED_KERNELS)}")
     if args.driver:
-        return _driver(args.quick, args.driver_platform)
+        return _driver(args.quick, args.driver_platform, args.ops)
     tools = [t.strip() for t in args.tools.split(",") if t.strip()]
     unknown = sorted(set(tools) - set(TOOLS))
     if unknown or not tools:
