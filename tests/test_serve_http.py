@@ -1,5 +1,12 @@
 """The HTTP endpoint: ``python -m jax_flash.serve`` on a checkpoint, driven by a real HTTP
-client (aiohttp) over loopback; streamed tokens equal `generate`'s for the same request."""
+client (aiohttp) over loopback; streamed tokens equal `generate`'s for the same request.
+
+Stop strings: the incremental `Detokenizer` against decoding whole sequences (a byte-level
+tokenizer whose characters' bytes are split across tokens), and the endpoint (served in this
+process, so the engine can be inspected) against `generate`'s tokens decoded whole: a stop
+string inside a token, across tokens, at the start, several; streamed and whole responses equal;
+a stopped request's pages released and no further steps run for it; bad ``stop`` values.
+"""
 
 import asyncio
 import json
@@ -15,6 +22,7 @@ import pytest
 aiohttp = pytest.importorskip("aiohttp")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 tokenizers = pytest.importorskip("tokenizers")
+from aiohttp import web  # noqa: E402
 
 from jax_flash.models import (  # noqa: E402
     LlamaConfig,
@@ -23,6 +31,9 @@ from jax_flash.models import (  # noqa: E402
     hf_parameters,
     load_hf_checkpoint,
 )
+from jax_flash.serve import Engine  # noqa: E402
+from jax_flash.serve.detokenize import Detokenizer  # noqa: E402
+from jax_flash.serve.http import make_app  # noqa: E402
 
 WORDS = "<unk> <s> </s> the a cat dog sat on mat ran to house garden and with big small".split()
 CONFIG = LlamaConfig(
@@ -165,3 +176,248 @@ def test_streams_tokens_to_a_client(server):
     choice = whole["choices"][0]
     assert choice["token_ids"] == ref_a and whole["usage"]["completion_tokens"] == 9
     assert bad[0] == 400 and "max_new_tokens" in bad[1]["error"]["message"]
+
+
+# -- stop strings ----------------------------------------------------------------------------
+
+
+def byte_chars() -> dict[int, str]:
+    """The byte-level pre-tokenizer's printable character for each byte (GPT-2's table)."""
+    keep = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 256)}
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+# Words, and the bytes of é (2), € (3) and 😀 (4) split over tokens in several ways (one token
+# with an ASCII letter before a lead byte): a character's bytes often come in separate tokens.
+PIECES = [
+    *(w.encode() for w in (" the", " cat", " sat", " on", " mat", "ing", "s", " a", "b", "c")),
+    *(b"\xc3", b"\xa9", b"\xc3\xa9", b"x\xc3"),
+    *(b"\xe2", b"\xe2\x82", b"\xac", b"\x82\xac"),
+    *(b"\xf0\x9f", b"\x98", b"\x80", b"\xf0\x9f\x98"),
+]
+ID = {p: i for i, p in enumerate(PIECES)}
+BYTE_CONFIG = LlamaConfig(
+    vocab_size=len(PIECES),
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+)
+
+
+@pytest.fixture(scope="module")
+def byte_tokenizer():
+    table = byte_chars()
+    vocab = {"".join(table[b] for b in p): i for i, p in enumerate(PIECES)}
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab, []))
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    assert tok.decode([ID[b"\xc3"], ID[b"\xa9"]]) == "é"
+    return tok
+
+
+def continuation(tok, prompt, tokens) -> str:
+    """The text ``tokens`` add to ``prompt``'s, decoded whole."""
+    return tok.decode(prompt + tokens)[len(tok.decode(prompt)) :]
+
+
+def test_detokenizer_waits_for_whole_characters(byte_tokenizer):
+    d = Detokenizer(byte_tokenizer, [ID[b" the"]])
+    out = [d.add(ID[p]) for p in (b"\xc3", b"\xa9", b"\xe2", b"\x82\xac", b"x\xc3", b"\xa9")]
+    assert out == ["", "é", "", "€", "x", "é"]  # "x" is whole: sent before the é it starts
+    out = [d.add(ID[p]) for p in (b" cat", b"\xa9", b" on", b"\xf0\x9f", b"\x98")]
+    assert out == [" cat", "", "\ufffd on", "", ""]  # a stray byte shows once it cannot complete
+    assert d.finish() == "\ufffd" and d.text == "é€xé cat\ufffd on\ufffd"
+
+
+def test_detokenizer_matches_whole_decoding(byte_tokenizer):
+    """Random outputs and stop strings: every piece sent equals what decoding the whole tokens
+    so far allows (whole characters, less the longest suffix that may begin a stop string);
+    the output ends at the first token whose text holds a stop string, cut before it."""
+    tok, rng = byte_tokenizer, np.random.default_rng(0)
+    prompt = [ID[b" the"], ID[b" cat"]]
+    for trial in range(300):
+        tokens = rng.integers(0, len(PIECES), rng.integers(1, 25)).tolist()
+        full = continuation(tok, prompt, tokens)
+        stops = []
+        for _ in range(rng.integers(0, 5)):
+            if full and rng.random() < 0.8:  # a piece of the text, else a stranger
+                at = int(rng.integers(0, len(full)))
+                stops.append(full[at : at + int(rng.integers(1, 5))])
+            else:
+                stops.append("".join(rng.choice(list("abc q€é"), rng.integers(1, 4))))
+        d = Detokenizer(tok, prompt, stops)
+        for k in range(1, len(tokens) + 1):
+            piece = d.add(tokens[k - 1])
+            known = continuation(tok, prompt, tokens[:k]).rstrip("\ufffd")
+            hits = [known.find(s) for s in stops if s in known]
+            if hits:
+                assert d.stopped and d.text == known[: min(hits)], (trial, stops, tokens[:k])
+                assert d.num_tokens == k
+                break
+            assert not d.stopped
+            # Release everything but text from where a stop string could still begin.
+            may_begin = [
+                p
+                for p in range(len(known))
+                if any(len(s) > len(known) - p and s.startswith(known[p:]) for s in stops)
+            ]
+            assert d.text == known[: min(may_begin, default=len(known))], (trial, stops, k)
+            assert d.text.endswith(piece)
+        else:
+            d.finish()
+            assert d.text == full and not d.stopped, (trial, stops, tokens)
+
+
+@pytest.fixture(scope="module")
+def byte_engine():
+    model = LlamaForCausalLM.random(BYTE_CONFIG, seed=4)
+    return Engine(model, num_pages=64, page_size=4, max_batch=2, prefill_chunk=8)
+
+
+def serve_in_process(engine, tokenizer, client):
+    """Serve ``make_app(engine)`` on a loopback port and run ``await client(session, url)``;
+    returns its result once the engine is idle and the server closed."""
+
+    async def main():
+        runner = web.AppRunner(make_app(engine, tokenizer=tokenizer))
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        host, port = runner.addresses[0][:2]
+        try:
+            async with aiohttp.ClientSession() as session:
+                result = await client(session, f"http://{host}:{port}")
+            while engine.has_unfinished():  # the step in flight when a request stopped
+                await asyncio.sleep(0.01)
+            return result
+        finally:
+            await runner.cleanup()
+
+    return asyncio.run(main())
+
+
+async def complete(session, url, body):
+    """POST a whole (not streamed) completion; returns its choice and usage."""
+    async with session.post(f"{url}/v1/completions", json=dict(body, stream=False)) as resp:
+        assert resp.status == 200, await resp.text()
+        out = await resp.json()
+    return out["choices"][0], out["usage"]
+
+
+async def stream_pieces(session, url, body):
+    """POST a streamed completion; returns (text pieces, token ids, finish reason)."""
+    pieces, tokens, reason = [], [], None
+    async with session.post(f"{url}/v1/completions", json=dict(body, stream=True)) as resp:
+        assert resp.status == 200, await resp.text()
+        async for raw in resp.content:
+            line = raw.decode().strip()
+            if line.startswith("data: {"):
+                choice = json.loads(line[6:])["choices"][0]
+                pieces.append(choice["text"])
+                tokens += choice["token_ids"]
+                reason = choice["finish_reason"] or reason
+    return pieces, tokens, reason
+
+
+def test_stop_strings(byte_engine, byte_tokenizer):
+    tok, engine = byte_tokenizer, byte_engine
+    prompt = [ID[b" the"], ID[b" cat"], ID[b" sat"]]
+    ref = generate(engine.model, [prompt], 24, page_size=4).tokens[0]
+    full = continuation(tok, prompt, ref)
+
+    def pick(k):  # a stop string inside token k, one across its end (None: none fits)
+        if len(PIECES[ref[k]]) < 3:
+            return None
+        start = len(continuation(tok, prompt, ref[:k]))  # where token k's text starts
+        end = start + len(PIECES[ref[k]])
+        assert full[start:end] == PIECES[ref[k]].decode()
+        inside, across = full[start + 1 : end - 1], full[end - 2 : end + 1]
+        if full.find(inside) == start + 1 and full.find(across) == end - 2:
+            return inside, across  # their first places: where the text stops
+        return None
+
+    inside, across = next(filter(None, map(pick, range(2, len(ref) - 1))))
+    cases = [
+        [inside],
+        [across],
+        full[:2],  # a string, at the very start
+        ["\u2603 none", across, inside, "zzz"],  # the first one in the text wins
+        [full[-1] + "\u2603"],  # begins with the last character: held, then sent at the end
+    ]
+
+    async def client(session, url):
+        base = dict(prompt=prompt, max_tokens=24, temperature=0, ignore_eos=True)
+        out = []
+        for stop in cases:
+            body = dict(base, stop=stop)
+            out.append(
+                await asyncio.gather(
+                    complete(session, url, body), stream_pieces(session, url, body)
+                )
+            )
+        return out
+
+    results = serve_in_process(engine, tok, client)
+    for stop, ((whole, usage), (pieces, streamed, reason)) in zip(cases, results, strict=True):
+        stops = [stop] if isinstance(stop, str) else stop
+        hits = [full.find(s) for s in stops if s in full]
+        cut = min(hits, default=len(full))
+        assert whole["text"] == "".join(pieces) == full[:cut], stop
+        assert whole["finish_reason"] == reason == ("stop" if hits else "length"), stop
+        n = len(whole["token_ids"])
+        assert whole["token_ids"] == streamed == ref[:n] and usage["completion_tokens"] == n
+        if hits:  # the last token taken is the one that completed the stop string
+            last = [continuation(tok, prompt, ref[:m]).rstrip("\ufffd") for m in (n - 1, n)]
+            assert not any(s in last[0] for s in stops) and any(s in last[1] for s in stops)
+        else:
+            assert n == 24 and len("".join(pieces[:-1])) < len(full)  # held to the end
+    assert results[2][0][0]["text"] == ""
+
+
+def test_stop_string_releases_the_request(byte_engine, byte_tokenizer):
+    """A request stopped by a stop string takes no more steps and gives its pages back."""
+    tok, engine = byte_tokenizer, byte_engine
+    prompt = [ID[b" on"], ID[b" the"], ID[b" mat"]]
+    ref = generate(engine.model, [prompt], 40, page_size=4).tokens[0]
+    stop = continuation(tok, prompt, ref[:3]).rstrip("\ufffd")[-2:]  # in the first 3 tokens
+    assert len(stop) == 2
+    rows = engine.stats.decode_tokens
+    body = dict(prompt=prompt, max_tokens=40, temperature=0, ignore_eos=True, stop=stop)
+    choice, _ = serve_in_process(engine, tok, lambda s, url: complete(s, url, body))
+    n = len(choice["token_ids"])
+    assert choice["finish_reason"] == "stop" and n <= 3
+    # The first token comes from the prompt's step; one more row was already in flight.
+    assert engine.stats.decode_tokens - rows <= n
+    assert not engine.has_unfinished() and engine.pool.num_used == 0
+
+
+def test_bad_stop_values(byte_engine, byte_tokenizer):
+    bad = [5, "", [""], ["a", ""], ["a", "b", "c", "d", "e"], ["a", 3], {"a": 1}]
+
+    async def client(session, url):
+        out = []
+        for stop in bad:
+            body = dict(prompt=[1, 2], max_tokens=4, stop=stop)
+            async with session.post(f"{url}/v1/completions", json=body) as resp:
+                out.append((resp.status, (await resp.json())["error"]["message"]))
+        return out
+
+    results = serve_in_process(byte_engine, byte_tokenizer, client)
+    for stop, (status, message) in zip(bad, results, strict=True):
+        assert status == 400 and "'stop'" in message, (stop, message)
+
+    async def no_tokenizer(session, url):
+        body = dict(prompt=[1, 2], max_tokens=4, stop="a")
+        async with session.post(f"{url}/v1/completions", json=body) as resp:
+            return resp.status, (await resp.json())["error"]["message"]
+
+    status, message = serve_in_process(byte_engine, None, no_tokenizer)
+    assert status == 400 and "'stop'" in message and "tokenizer" in message

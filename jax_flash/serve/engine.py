@@ -321,9 +321,19 @@ class Engine:
 
     def abort(self, request_id: int) -> None:
         """Stop a request now (its pages are released); unknown or finished ids are ignored."""
+        self._end(request_id, "abort")
+
+    def stop(self, request_id: int) -> None:
+        """End a request now as stopped (finish reason "stop"), for a stop condition the engine
+        does not check itself, such as a stop string in its text: its pages are released and
+        no later step gives it a row (a token the step in flight draws for it is dropped).
+        Unknown or finished ids are ignored."""
+        self._end(request_id, "stop")
+
+    def _end(self, request_id: int, reason: str) -> None:
         r = self._requests.get(request_id)
         if r is not None and r.status is not Status.FINISHED:
-            self.scheduler.finish(r, "abort")
+            self.scheduler.finish(r, reason)
 
     def request(self, request_id: int) -> Request:
         return self._requests[request_id]

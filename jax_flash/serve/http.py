@@ -5,14 +5,21 @@ for server-sent events) and the client the tests use, so the ``serve`` extra add
 
 The engine is not thread-safe: it runs in one background thread (`EngineThread`) that owns it,
 takes new requests and aborts from a queue, steps while there is work and hands each request's
-tokens to its handler's event loop. Routes:
+tokens to its sink. A handler's sink detokenises them there (`Detokenizer`, while the device
+runs the next step), so a request whose text reaches a stop string is ended (`Engine.stop`)
+before the engine plans another step, then posts tokens and text to the handler's event loop.
+Routes:
 
 - ``POST /v1/completions``: ``prompt`` (a string, with a tokenizer, or a list of token ids),
   ``max_tokens`` (16), ``temperature`` (1.0; 0 is greedy), ``top_p``, ``top_k``, ``min_p``,
-  ``seed``, ``stop_token_ids``, ``ignore_eos`` (else the model's EOS ids stop it), ``stream``.
-  Each choice carries ``text`` and, beyond the OpenAI fields, ``token_ids``. With ``stream``
-  the response is ``text/event-stream``: one ``data: {...}`` chunk per step's tokens, the last
-  with ``finish_reason``, then ``data: [DONE]``.
+  ``seed``, ``stop`` (a string or a list of up to 4; needs a tokenizer), ``stop_token_ids``,
+  ``ignore_eos`` (else the model's EOS ids stop it), ``stream``. Each choice carries ``text``
+  (the prompt's continuation, ending before the first stop string reached, which ends the
+  choice with ``finish_reason`` "stop") and, beyond the OpenAI fields, ``token_ids`` (up to
+  the one that completed the stop string). With ``stream`` the response is
+  ``text/event-stream``: one ``data: {...}`` chunk per step's tokens, the last with
+  ``finish_reason``, then ``data: [DONE]``; text that could begin a stop string is held back
+  until it cannot (or the choice ends), so what was sent is never taken back.
 - ``GET /v1/models``, ``GET /health``.
 """
 
@@ -30,10 +37,13 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from .detokenize import Detokenizer
 from .engine import Engine
 from .request import SamplingParams
 
-Sink = Callable[[list[int], "str | None"], None]
+# sink(tokens, finish_reason) -> whether the request is done (its text reached a stop string)
+Sink = Callable[[list[int], "str | None"], bool]
+MAX_STOP_STRINGS = 4  # OpenAI's limit
 
 
 class EngineThread:
@@ -50,7 +60,9 @@ class EngineThread:
     def submit(self, sink: Sink, **request) -> concurrent.futures.Future:
         """Queue ``request`` (:meth:`Engine.add_request` arguments); the future gives its id,
         or the engine's ValueError. ``sink(tokens, finish_reason)`` is called in the engine
-        thread after every step that produced tokens for it, and once finished."""
+        thread after every step that produced tokens for it, and once finished; when it
+        returns True the request is stopped there (`Engine.stop`) and its sink not called
+        again."""
         future: concurrent.futures.Future = concurrent.futures.Future()
         self._commands.put(("add", future, sink, request))
         return future
@@ -103,8 +115,10 @@ class EngineThread:
                 if sink is None:
                     continue
                 reason = out.finished.get(rid)
-                sink(out.tokens.get(rid, []), reason)
-                if reason is not None:
+                done = sink(out.tokens.get(rid, []), reason)
+                if reason is None and done:  # before the next step: it gets no further row
+                    self.engine.stop(rid)
+                if reason is not None or done:
                     del self._sinks[rid]
                     self.engine.forget(rid)
 
@@ -141,7 +155,7 @@ def make_app(engine: Engine, *, tokenizer=None, model_name: str = "jax_flash") -
     app.on_startup.append(start)
     app.on_cleanup.append(stop)
 
-    def parse(body) -> tuple[dict, bool]:
+    def parse(body) -> tuple[dict, list[str], bool]:
         if not isinstance(body, dict):
             raise _BadRequest("the body must be a JSON object")
         prompt = body.get("prompt")
@@ -153,8 +167,9 @@ def make_app(engine: Engine, *, tokenizer=None, model_name: str = "jax_flash") -
             raise _BadRequest("'prompt' must be a string or a list of token ids")
         if body.get("n", 1) != 1 or body.get("best_of", 1) != 1:
             raise _BadRequest("'n' and 'best_of' other than 1 are not supported")
-        if "stop" in body and body["stop"]:
-            raise _BadRequest("'stop' strings are not supported: use 'stop_token_ids'")
+        stop_strings = parse_stop(body.get("stop"))
+        if stop_strings and tokenizer is None:
+            raise _BadRequest("this server has no tokenizer: 'stop' strings need one")
         stop = _field(body, "stop_token_ids", list, [])
         if not all(type(t) is int for t in stop):
             raise _BadRequest("'stop_token_ids' must be a list of ints")
@@ -173,21 +188,35 @@ def make_app(engine: Engine, *, tokenizer=None, model_name: str = "jax_flash") -
             sampling=sampling,
             stop_tokens=stop,
         )
-        return request, _field(body, "stream", bool, False)
-
-    def text(tokens):
-        return tokenizer.decode(tokens) if tokenizer is not None else ""
+        return request, stop_strings, _field(body, "stream", bool, False)
 
     async def completions(request: web.Request) -> web.StreamResponse:
         try:
-            spec, stream = parse(await request.json())
+            spec, stop_strings, stream = parse(await request.json())
         except (ValueError, json.JSONDecodeError) as e:  # SamplingParams raises ValueError
             return _error(str(e))
         loop = asyncio.get_running_loop()
         updates: asyncio.Queue = asyncio.Queue()
+        detok = None
+        if tokenizer is not None:
+            detok = Detokenizer(tokenizer, spec["prompt_tokens"], stop_strings)
 
-        def sink(tokens, reason):
-            loop.call_soon_threadsafe(updates.put_nowait, (tokens, reason))
+        def sink(tokens, reason) -> bool:  # in the engine thread
+            text, stopped = "", False
+            try:
+                if detok is not None:
+                    for i, token in enumerate(tokens):
+                        text += detok.add(token)
+                        if detok.stopped:  # later tokens are not part of the output
+                            tokens, reason, stopped = tokens[: i + 1], "stop", True
+                            break
+                    if reason is not None and not stopped:
+                        text += detok.finish()
+            except Exception:  # a tokenizer failure ends this request, not the engine thread
+                traceback.print_exc()
+                reason, stopped = "error", True
+            loop.call_soon_threadsafe(updates.put_nowait, (tokens, text, reason))
+            return stopped
 
         thread: EngineThread = request.app["engine"]
         try:
@@ -200,7 +229,7 @@ def make_app(engine: Engine, *, tokenizer=None, model_name: str = "jax_flash") -
             created=int(time.time()),
             model=model_name,
         )
-        tokens, reason, sent_text = [], None, ""
+        tokens, reason, text = [], None, ""
         response = None
         try:
             if stream:
@@ -209,12 +238,11 @@ def make_app(engine: Engine, *, tokenizer=None, model_name: str = "jax_flash") -
                 )
                 await response.prepare(request)
             while reason is None:
-                new, reason = await updates.get()
+                new, delta, reason = await updates.get()
                 tokens += new
+                text += delta
                 if not stream:
                     continue
-                full = text(tokens)  # decode the whole output: a token's text may need the next
-                delta, sent_text = full[len(sent_text) :], full
                 choice = dict(index=0, text=delta, token_ids=new, finish_reason=reason)
                 await response.write(_event(dict(head, choices=[choice])))
         except (asyncio.CancelledError, ConnectionResetError):
@@ -225,7 +253,7 @@ def make_app(engine: Engine, *, tokenizer=None, model_name: str = "jax_flash") -
             await response.write_eof()
             return response
         n = len(spec["prompt_tokens"])
-        choice = dict(index=0, text=text(tokens), token_ids=tokens, finish_reason=reason)
+        choice = dict(index=0, text=text, token_ids=tokens, finish_reason=reason)
         usage = dict(prompt_tokens=n, completion_tokens=len(tokens), total_tokens=n + len(tokens))
         return web.json_response(dict(head, choices=[choice], usage=usage))
 
@@ -241,6 +269,20 @@ def make_app(engine: Engine, *, tokenizer=None, model_name: str = "jax_flash") -
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     return app
+
+
+def parse_stop(stop) -> list[str]:
+    """OpenAI's ``stop``: None, a string, or a list of up to 4 strings, none empty."""
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise _BadRequest(f"'stop' must be a string or a list of strings, got {stop!r}")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise _BadRequest(f"'stop' takes at most {MAX_STOP_STRINGS} strings, got {len(stops)}")
+    if not all(stops):
+        raise _BadRequest(f"'stop' strings must not be empty, got {stop!r}")
+    return stops
 
 
 def _event(payload) -> bytes:

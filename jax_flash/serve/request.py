@@ -70,7 +70,7 @@ class Request:
     num_cached: int = 0
     pages: list[int] = dataclasses.field(default_factory=list)
     status: Status = Status.WAITING
-    finish_reason: str | None = None  # "stop" (a stop token) or "length"
+    finish_reason: str | None = None  # "stop" (a stop token, or `Engine.stop`), "length", "abort"
     token_times_s: list[float] = dataclasses.field(default_factory=list)  # when each was read
     num_preemptions: int = 0
 
