@@ -273,8 +273,10 @@ def test_detokenizer_matches_whole_decoding(byte_tokenizer):
             assert d.text == known[: min(may_begin, default=len(known))], (trial, stops, k)
             assert d.text.endswith(piece)
         else:
-            d.finish()
-            assert d.text == full and not d.stopped, (trial, stops, tokens)
+            d.finish()  # the last characters are whole now (or never will be)
+            hits = [full.find(s) for s in stops if s in full]
+            assert d.text == full[: min(hits, default=len(full))], (trial, stops, tokens)
+            assert d.stopped == bool(hits)
 
 
 @pytest.fixture(scope="module")
@@ -387,13 +389,14 @@ def test_stop_string_releases_the_request(byte_engine, byte_tokenizer):
     tok, engine = byte_tokenizer, byte_engine
     prompt = [ID[b" on"], ID[b" the"], ID[b" mat"]]
     ref = generate(engine.model, [prompt], 40, page_size=4).tokens[0]
-    stop = continuation(tok, prompt, ref[:3]).rstrip("\ufffd")[-2:]  # in the first 3 tokens
-    assert len(stop) == 2
+    known = [continuation(tok, prompt, ref[:k]).rstrip("\ufffd") for k in range(41)]
+    k = next(k for k in range(3, 41) if len(known[k]) >= 2)
+    stop = known[k][-2:]  # the text reaches it by token k
     rows = engine.stats.decode_tokens
     body = dict(prompt=prompt, max_tokens=40, temperature=0, ignore_eos=True, stop=stop)
     choice, _ = serve_in_process(engine, tok, lambda s, url: complete(s, url, body))
     n = len(choice["token_ids"])
-    assert choice["finish_reason"] == "stop" and n <= 3
+    assert choice["finish_reason"] == "stop" and n <= k < 20
     # The first token comes from the prompt's step; one more row was already in flight.
     assert engine.stats.decode_tokens - rows <= n
     assert not engine.has_unfinished() and engine.pool.num_used == 0

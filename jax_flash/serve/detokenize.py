@@ -68,7 +68,8 @@ class Detokenizer:
         return self._advance(final=False)
 
     def finish(self) -> str:
-        """The output ended for another reason (length, a stop token): the text held back."""
+        """The output ended for another reason (length, a stop token): the text held back.
+        Its last characters, final now, may still complete a stop string (then `stopped`)."""
         return "" if self.stopped else self._advance(final=True)
 
     def _advance(self, final: bool) -> str:

@@ -211,7 +211,8 @@ def make_app(engine: Engine, *, tokenizer=None, model_name: str = "jax_flash") -
                             tokens, reason, stopped = tokens[: i + 1], "stop", True
                             break
                     if reason is not None and not stopped:
-                        text += detok.finish()
+                        text += detok.finish()  # its last characters may complete one
+                        reason = "stop" if detok.stopped else reason
             except Exception:  # a tokenizer failure ends this request, not the engine thread
                 traceback.print_exc()
                 reason, stopped = "error", True
