@@ -231,6 +231,33 @@ def test_abort_releases_pages(model):
     assert engine.pool.num_used == 0
 
 
+def test_stop_releases_pages_at_once(model):
+    """`Engine.stop` (a stop condition the engine does not see, such as a stop string): the
+    request's pages go back to the pool at once, and it draws no token after the step in flight."""
+    engine = Engine(model, num_pages=32, page_size=PAGE, max_batch=2, prefill_chunk=8)
+    a = engine.add_request([1, 2, 3, 4, 5], 20)
+    b = engine.add_request([6, 7, 8, 9, 10, 11, 12], 12)
+    for _ in range(4):
+        engine.step()
+    held = len(engine.request(a).pages)
+    assert held and engine.pool.num_used == held + len(engine.request(b).pages)
+    output = list(engine.request(a).output)
+    engine.stop(a)
+    engine.scheduler.check()
+    assert engine.pool.num_used == len(engine.request(b).pages)  # a's pages are free now
+    rows, b_read = engine.stats.decode_tokens, len(engine.request(b).output)
+    while engine.has_unfinished():
+        out = engine.step()
+        assert a not in out.tokens and a not in out.finished
+        engine.scheduler.check()
+    r = engine.request(a)
+    assert r.finish_reason == "stop" and r.output == output and r.pending == 0
+    assert engine.stats.decode_tokens - rows <= 12 - b_read  # b's rows only
+    assert engine.request(b).output == reference(model, [6, 7, 8, 9, 10, 11, 12], 12)
+    assert engine.pool.num_used == 0
+    engine.stop(a)  # finished ids are ignored
+
+
 def test_page_pool():
     pool = PagePool(8)
     a = pool.allocate(3)
