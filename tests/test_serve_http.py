@@ -31,8 +31,7 @@ from jax_flash.models import (  # noqa: E402
     hf_parameters,
     load_hf_checkpoint,
 )
-from jax_flash.serve import Engine  # noqa: E402
-from jax_flash.serve.detokenize import Detokenizer  # noqa: E402
+from jax_flash.serve import Detokenizer, Engine  # noqa: E402
 from jax_flash.serve.http import make_app  # noqa: E402
 
 WORDS = "<unk> <s> </s> the a cat dog sat on mat ran to house garden and with big small".split()

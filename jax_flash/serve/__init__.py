@@ -2,12 +2,14 @@
 prefill, prefix sharing, preemption) and an OpenAI-style completions endpoint
 (``python -m jax_flash.serve --checkpoint DIR``, needs the ``serve`` extra)."""
 
+from .detokenize import Detokenizer
 from .engine import Engine, StepOutput
 from .pages import PagePool
 from .request import Request, SamplingParams, Status
 from .scheduler import Scheduler, StepPlan
 
 __all__ = [
+    "Detokenizer",
     "Engine",
     "PagePool",
     "Request",
