@@ -177,6 +177,32 @@ def test_streams_tokens_to_a_client(server):
     assert bad[0] == 400 and "max_new_tokens" in bad[1]["error"]["message"]
 
 
+def test_stop_string_over_the_command_line_server(server):
+    """``python -m jax_flash.serve`` with the checkpoint's tokenizer: a text prompt, a stop
+    word, streamed and whole responses end before it."""
+    url, path = server
+    model, _ = load_hf_checkpoint(str(path))
+    tok = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+    prompt = "the dog sat on a big mat"
+    ids = tok.encode(prompt).ids
+    ref = generate(model, [ids], 12, page_size=4).tokens[0]
+    full = tok.decode(ids + ref)[len(tok.decode(ids)) :]  # " w1 w2 ...": words joined by spaces
+    word = full.split()[3]
+    body = dict(prompt=prompt, max_tokens=12, temperature=0, ignore_eos=True, stop=[word])
+
+    async def main():
+        async with aiohttp.ClientSession() as session:
+            return await asyncio.gather(
+                complete(session, url, body), stream_pieces(session, url, body)
+            )
+
+    (whole, _), (pieces, tokens, reason) = asyncio.run(main())
+    cut = full.find(word)
+    assert whole["text"] == "".join(pieces) == full[:cut] and len(full[:cut].split()) <= 3
+    assert whole["finish_reason"] == reason == "stop"
+    assert whole["token_ids"] == tokens == ref[: len(tokens)] and len(tokens) <= 4
+
+
 # -- stop strings ----------------------------------------------------------------------------
 
 
