@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "cuda_status.h"
 #include "flash_attention_common.h"
 #include "registry.h"
 #include "jax_flash/flash_attention_common.cuh"
@@ -85,11 +86,7 @@ static ffi::Error FlashAttentionCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi:
       case DType::kBFloat16: status = dispatch_head_dim<__nv_bfloat16>(p, stream); break;
     }
   }
-  if (status != cudaSuccess)
-    return ffi::Error(ffi::ErrorCode::kInternal,
-                      std::string("jax_flash.flash_attention: CUDA error: ") +
-                          cudaGetErrorString(status));
-  return ffi::Error::Success();
+  return cuda_status(kFlashOp, status);
 }
 
 }  // namespace jax_flash::ffi_impl

@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "cuda_status.h"
 #include "flash_attention_bwd_common.h"
 #include "registry.h"
 #include "jax_flash/flash_attention_bwd_mma.cuh"
@@ -70,11 +71,7 @@ ffi::Error FlashAttentionBwdCuda(cudaStream_t stream, ffi::ScratchAllocator scra
     case DType::kFloat16: status = dispatch_bwd<__half>(p, mma, stream); break;
     case DType::kBFloat16: status = dispatch_bwd<__nv_bfloat16>(p, mma, stream); break;
   }
-  if (status != cudaSuccess)
-    return ffi::Error(ffi::ErrorCode::kInternal,
-                      std::string("jax_flash.flash_attention (backward): CUDA error: ") +
-                          cudaGetErrorString(status));
-  return ffi::Error::Success();
+  return cuda_status(kFlashBwdOp, status);
 }
 
 }  // namespace

@@ -4,8 +4,7 @@
 // stream and never allocate, so XLA may capture them in a CUDA graph.
 #include <cuda_runtime.h>
 
-#include <string>
-
+#include "cuda_status.h"
 #include "jax_flash/kv_cache.cuh"
 #include "jax_flash/kv_cache_rope.cuh"
 #include "kv_cache_rope_common.h"
@@ -13,11 +12,6 @@
 #include "registry.h"
 
 namespace jax_flash::paged_ffi {
-
-static ffi::Error cuda_error(const char* op, cudaError_t status) {
-  return ffi::Error(ffi::ErrorCode::kInternal,
-                    std::string("jax_flash.") + op + ": CUDA error: " + cudaGetErrorString(status));
-}
 
 // Result buffers that are not their argument buffers (never the case under XLA's aliasing)
 // start as copies of the arguments.
@@ -47,8 +41,7 @@ static ffi::Error AppendKVCuda(cudaStream_t stream, ffi::AnyBuffer k_pages, ffi:
       c, unaliased(k_pages, v_pages, k_scale, v_scale, *k_out, *v_out, *ks_out, *vs_out, c),
       stream);
   if (status == cudaSuccess) status = append_kv_cuda(p, stream);
-  if (status != cudaSuccess) return cuda_error("append_kv", status);
-  return ffi::Error::Success();
+  return cuda_status("append_kv", status);
 }
 
 static ffi::Error AppendKVRopeCuda(
@@ -69,8 +62,7 @@ static ffi::Error AppendKVRopeCuda(
       c, unaliased(k_pages, v_pages, k_scale, v_scale, *k_out, *v_out, *ks_out, *vs_out, c),
       stream);
   if (status == cudaSuccess) status = append_kv_rope_cuda(p, stream);
-  if (status != cudaSuccess) return cuda_error("append_kv", status);
-  return ffi::Error::Success();
+  return cuda_status("append_kv", status);
 }
 
 static ffi::Error CopyPagesCuda(cudaStream_t stream, ffi::AnyBuffer k_pages, ffi::AnyBuffer v_pages,
@@ -89,8 +81,7 @@ static ffi::Error CopyPagesCuda(cudaStream_t stream, ffi::AnyBuffer k_pages, ffi
       c, unaliased(k_pages, v_pages, k_scale, v_scale, *k_out, *v_out, *ks_out, *vs_out, c),
       stream);
   if (status == cudaSuccess) status = copy_pages_cuda(p, stream);
-  if (status != cudaSuccess) return cuda_error("copy_pages", status);
-  return ffi::Error::Success();
+  return cuda_status("copy_pages", status);
 }
 
 }  // namespace jax_flash::paged_ffi

@@ -49,20 +49,13 @@ inline ffi::Error make_append_rope_params(
 
 template <typename Binding>
 auto append_kv_rope_binding(Binding binding) {
-  return std::move(binding).template Arg<ffi::AnyBuffer>()  // k_pages
-      .template Arg<ffi::AnyBuffer>()                      // v_pages
-      .template Arg<ffi::Buffer<ffi::F32>>()               // k_scale
-      .template Arg<ffi::Buffer<ffi::F32>>()               // v_scale
-      .template Arg<ffi::AnyBuffer>()                      // k_new
-      .template Arg<ffi::AnyBuffer>()                      // v_new
-      .template Arg<ffi::Buffer<ffi::S32>>()               // slot_mapping
-      .template Arg<ffi::Buffer<ffi::S32>>()               // positions
-      .template Arg<ffi::AnyBuffer>()                      // q
-      .template Ret<ffi::AnyBuffer>()                      // k_pages (aliased)
-      .template Ret<ffi::AnyBuffer>()                      // v_pages
-      .template Ret<ffi::Buffer<ffi::F32>>()               // k_scale
-      .template Ret<ffi::Buffer<ffi::F32>>()               // v_scale
-      .template Ret<ffi::AnyBuffer>()                      // q_out
+  return cache_results_binding(cache_args_binding(std::move(binding))
+                                   .template Arg<ffi::AnyBuffer>()          // k_new
+                                   .template Arg<ffi::AnyBuffer>()          // v_new
+                                   .template Arg<ffi::Buffer<ffi::S32>>()   // slot_mapping
+                                   .template Arg<ffi::Buffer<ffi::S32>>()   // positions
+                                   .template Arg<ffi::AnyBuffer>())         // q
+      .template Ret<ffi::AnyBuffer>()  // q_out
       .template Attr<int32_t>("scale_mode")
       .template Attr<int32_t>("style")
       .template Attr<int32_t>("rotary_dim")

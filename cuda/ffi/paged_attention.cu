@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "cuda_status.h"
 #include "paged_common.h"
 #include "registry.h"
 #include "jax_flash/paged_attention.cuh"
@@ -56,11 +57,7 @@ static ffi::Error PagedAttentionCuda(
   if (!paged_attention_cuda_supported(p))
     return invalid(op, "unsupported combination of dtypes, head dims and scale mode");
   const cudaError_t status = paged_attention_cuda(p, stream);
-  if (status != cudaSuccess)
-    return ffi::Error(ffi::ErrorCode::kInternal,
-                      std::string("jax_flash.paged_attention: CUDA error: ") +
-                          cudaGetErrorString(status));
-  return ffi::Error::Success();
+  return cuda_status(op, status);
 }
 
 }  // namespace jax_flash::paged_ffi

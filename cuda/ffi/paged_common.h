@@ -406,35 +406,38 @@ inline ffi::Error make_copy_params(ffi::AnyBuffer k_pages, ffi::AnyBuffer v_page
   return ffi::Error::Success();
 }
 
-// FFI signatures of append_kv and copy_pages (the CUDA handlers bind the stream context first).
+// FFI signatures of append_kv and copy_pages (the CUDA handlers bind the stream context first),
+// built from the cache buffers that every cache update takes and returns (aliased), in one order.
 template <typename Binding>
-auto append_kv_binding(Binding binding) {
+auto cache_args_binding(Binding&& binding) {
   return std::move(binding).template Arg<ffi::AnyBuffer>()  // k_pages
       .template Arg<ffi::AnyBuffer>()                      // v_pages
       .template Arg<ffi::Buffer<ffi::F32>>()               // k_scale
-      .template Arg<ffi::Buffer<ffi::F32>>()               // v_scale
-      .template Arg<ffi::AnyBuffer>()                      // k_new
-      .template Arg<ffi::AnyBuffer>()                      // v_new
-      .template Arg<ffi::Buffer<ffi::S32>>()               // slot_mapping
-      .template Ret<ffi::AnyBuffer>()                      // k_pages (aliased)
+      .template Arg<ffi::Buffer<ffi::F32>>();              // v_scale
+}
+
+template <typename Binding>
+auto cache_results_binding(Binding&& binding) {
+  return std::move(binding).template Ret<ffi::AnyBuffer>()  // k_pages (aliased)
       .template Ret<ffi::AnyBuffer>()                      // v_pages
       .template Ret<ffi::Buffer<ffi::F32>>()               // k_scale
-      .template Ret<ffi::Buffer<ffi::F32>>()               // v_scale
+      .template Ret<ffi::Buffer<ffi::F32>>();              // v_scale
+}
+
+template <typename Binding>
+auto append_kv_binding(Binding binding) {
+  return cache_results_binding(cache_args_binding(std::move(binding))
+                                   .template Arg<ffi::AnyBuffer>()           // k_new
+                                   .template Arg<ffi::AnyBuffer>()           // v_new
+                                   .template Arg<ffi::Buffer<ffi::S32>>())  // slot_mapping
       .template Attr<int32_t>("scale_mode");
 }
 
 template <typename Binding>
 auto copy_pages_binding(Binding binding) {
-  return std::move(binding).template Arg<ffi::AnyBuffer>()  // k_pages
-      .template Arg<ffi::AnyBuffer>()                      // v_pages
-      .template Arg<ffi::Buffer<ffi::F32>>()               // k_scale
-      .template Arg<ffi::Buffer<ffi::F32>>()               // v_scale
-      .template Arg<ffi::Buffer<ffi::S32>>()               // src
-      .template Arg<ffi::Buffer<ffi::S32>>()               // dst
-      .template Ret<ffi::AnyBuffer>()                      // k_pages (aliased)
-      .template Ret<ffi::AnyBuffer>()                      // v_pages
-      .template Ret<ffi::Buffer<ffi::F32>>()               // k_scale
-      .template Ret<ffi::Buffer<ffi::F32>>()               // v_scale
+  return cache_results_binding(cache_args_binding(std::move(binding))
+                                   .template Arg<ffi::Buffer<ffi::S32>>()   // src
+                                   .template Arg<ffi::Buffer<ffi::S32>>())  // dst
       .template Attr<int32_t>("scale_mode");
 }
 

@@ -2,6 +2,7 @@
 // so XLA may capture it in a CUDA graph.
 #include <cuda_runtime.h>
 
+#include "cuda_status.h"
 #include "registry.h"
 #include "rope_common.h"
 #include "jax_flash/rope.cuh"
@@ -16,11 +17,7 @@ static ffi::Error ApplyRopeCuda(cudaStream_t stream, ffi::AnyBuffer x,
   ffi::Error err = make_rope_params(x, positions, *out, style, rotary_dim, inv_freq, &p);
   if (err.failure()) return err;
   const cudaError_t status = run_rope(p, stream);
-  if (status != cudaSuccess)
-    return ffi::Error(ffi::ErrorCode::kInternal,
-                      std::string("jax_flash.apply_rope: CUDA error: ") +
-                          cudaGetErrorString(status));
-  return ffi::Error::Success();
+  return cuda_status("apply_rope", status);
 }
 
 }  // namespace jax_flash::ffi_impl

@@ -2,17 +2,12 @@
 // synchronize the stream and never allocate, so XLA may capture them in a CUDA graph.
 #include <cuda_runtime.h>
 
+#include "cuda_status.h"
 #include "registry.h"
 #include "sampling_common.h"
 #include "jax_flash/sampling.cuh"
 
 namespace jax_flash::ffi_impl {
-
-static ffi::Error sampling_status(const char* op, cudaError_t status) {
-  if (status == cudaSuccess) return ffi::Error::Success();
-  return ffi::Error(ffi::ErrorCode::kInternal, std::string("jax_flash.") + op +
-                                                   ": CUDA error: " + cudaGetErrorString(status));
-}
 
 static ffi::Error SampleCuda(cudaStream_t stream, ffi::AnyBuffer logits,
                              ffi::Buffer<ffi::F32> temperature, ffi::Buffer<ffi::S32> top_k,
@@ -24,7 +19,7 @@ static ffi::Error SampleCuda(cudaStream_t stream, ffi::AnyBuffer logits,
   if (err.failure()) return err;
   err = set_sample_outputs(seeds, tokens, &p);
   if (err.failure()) return err;
-  return sampling_status("sample", run_sampling(p, /*filter=*/false, stream));
+  return cuda_status("sample", run_sampling(p, /*filter=*/false, stream));
 }
 
 static ffi::Error TopKTopPFilterCuda(cudaStream_t stream, ffi::AnyBuffer logits,
@@ -38,7 +33,7 @@ static ffi::Error TopKTopPFilterCuda(cudaStream_t stream, ffi::AnyBuffer logits,
   if (err.failure()) return err;
   err = set_filter_output(logits, masked, &p);
   if (err.failure()) return err;
-  return sampling_status("top_k_top_p_filter", run_sampling(p, /*filter=*/true, stream));
+  return cuda_status("top_k_top_p_filter", run_sampling(p, /*filter=*/true, stream));
 }
 
 }  // namespace jax_flash::ffi_impl

@@ -51,6 +51,10 @@ struct DTypeOf<__nv_bfloat16> {
   static constexpr DType value = DType::kBFloat16;
 };
 
+// The 16-bit float types, the only ones the tensor-core kernels take.
+template <typename T>
+constexpr bool kIsHalfOrBFloat16 = DTypeOf<T>::value != DType::kFloat32;
+
 // Number of elements of T in 16 bytes.
 template <typename T>
 struct Vec16 {

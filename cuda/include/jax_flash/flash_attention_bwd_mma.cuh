@@ -31,8 +31,8 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
+#include "jax_flash/dtype.cuh"
 #include "jax_flash/flash_attention_bwd_common.cuh"
 #include "jax_flash/flash_attention_mma.cuh"
 #include "jax_flash/flash_bwd_params.h"
@@ -455,16 +455,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 template <typename T, class Tr, bool kSoftcap, bool kDeterministic>
 cudaError_t launch_flash_bwd_mma(const FlashBwdParams& p, const FlashBwdWorkspace& ws,
                                  cudaStream_t stream) {
-  auto kernel = flash_bwd_mma_kernel<T, Tr, kSoftcap, kDeterministic>;
-  cudaError_t err =
-      ensure_smem_attrs<flash_bwd_mma_kernel<T, Tr, kSoftcap, kDeterministic>>(Tr::kSmemBytes);
-  if (err != cudaSuccess) return err;
-  int64_t tiles = (static_cast<int64_t>(p.fwd.total_k) + Tr::kBlockN - 1) / Tr::kBlockN +
-                  p.fwd.batch;
-  if (tiles > INT32_MAX) tiles = INT32_MAX;
+  // Key tiles, as flash_num_tile_slots counts query tiles.
+  const int64_t tiles = tile_slots(p.fwd.total_k, p.fwd.batch, Tr::kBlockN);
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.fwd.num_heads_k));
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, ws);
-  return cudaGetLastError();
+  return launch_with_smem<flash_bwd_mma_kernel<T, Tr, kSoftcap, kDeterministic>>(
+      grid, Tr::kThreads, Tr::kSmemBytes, stream, p, ws);
 }
 
 }  // namespace mma_bwd
@@ -477,8 +472,7 @@ constexpr int32_t kBwdMmaBlockM = 64;
 
 template <typename T, int kHeadDim>
 cudaError_t run_flash_attention_bwd_mma(const FlashBwdParams& p, cudaStream_t stream) {
-  static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>,
-                "float16 or bfloat16");
+  static_assert(kIsHalfOrBFloat16<T>, "float16 or bfloat16");
   using Tr = mma_bwd::DefaultBwdTraits<kHeadDim>;
   static_assert(Tr::kBlockM == kBwdMmaBlockM, "the workspace is sized with kBwdMmaBlockM");
   const FlashParams& f = p.fwd;
@@ -497,13 +491,12 @@ cudaError_t run_flash_attention_bwd_mma(const FlashBwdParams& p, cudaStream_t st
                           stream);
   if (err == cudaSuccess) err = flash_bwd_delta<T>(p, ws.delta, stream);
   if (err == cudaSuccess && f.batch > 0 && f.total_q > 0 && f.total_k > 0) {
-    if (f.softcap > 0.f) {
-      err = p.deterministic ? mma_bwd::launch_flash_bwd_mma<T, Tr, true, true>(p, ws, stream)
-                            : mma_bwd::launch_flash_bwd_mma<T, Tr, true, false>(p, ws, stream);
-    } else {
-      err = p.deterministic ? mma_bwd::launch_flash_bwd_mma<T, Tr, false, true>(p, ws, stream)
-                            : mma_bwd::launch_flash_bwd_mma<T, Tr, false, false>(p, ws, stream);
-    }
+    err = dispatch_bool(f.softcap > 0.f, [&](auto softcap_c) {
+      return dispatch_bool(p.deterministic, [&](auto deterministic_c) {
+        return mma_bwd::launch_flash_bwd_mma<T, Tr, decltype(softcap_c)::value,
+                                             decltype(deterministic_c)::value>(p, ws, stream);
+      });
+    });
   }
   if (err == cudaSuccess) err = flash_bwd_dq_convert<T>(p, ws.dq_accum, stream);
   return err;

@@ -15,6 +15,7 @@
 #include "jax_flash/dtype.cuh"
 #include "jax_flash/flash_params.h"
 #include "jax_flash/launch.cuh"
+#include "jax_flash/warp.cuh"
 
 namespace jax_flash {
 
@@ -86,12 +87,7 @@ __device__ __forceinline__ bool flash_find_tile_warp(const FlashParams& p, int32
       e = flash_seq_extent_at(p, b);
       n = flash_num_q_tiles(e, block_m);
     }
-    int64_t incl = n;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const int64_t t = __shfl_up_sync(0xffffffffu, incl, off);
-      if (lane >= off) incl += t;
-    }
+    const int64_t incl = warp_inclusive_sum<int64_t>(n, lane);
     const int64_t total = __shfl_sync(0xffffffffu, incl, 31);
     if (tile < cur.base + total) {
       const unsigned hit = __ballot_sync(0xffffffffu, b < p.batch && tile < cur.base + incl);
@@ -115,12 +111,44 @@ __device__ __forceinline__ bool flash_find_tile_warp(const FlashParams& p, int32
   return false;
 }
 
-// Grid size along the tile dimension for tiles of `block_m` rows: ceil(total_q / block_m) +
-// batch, an upper bound on the tile count when sequences do not overlap (kernels loop over
-// tiles with a stride of the grid size, so overlapping sequences are still all computed).
-inline int64_t flash_num_tile_slots(const FlashParams& p, int32_t block_m) {
-  const int64_t n = (static_cast<int64_t>(p.total_q) + block_m - 1) / block_m + p.batch;
+// The key tiles (of BN keys) that query tile [m0, m0 + BM) of sequence extent e visits, last to
+// first: n in [n_first, n_last] (none when n_last < n_first), and which of them need a mask.
+// Keys seen by any row of the tile: [lo(first row), hi(last row)), cut at k_len (the kernels'
+// loads rely on no tile but n_last reaching past k_len). lo and hi grow with the row, so tile n
+// needs no mask iff [n * BN, (n + 1) * BN) lies inside [lo(last row), hi(first row)), i.e. iff
+// mask_below <= n < mask_from.
+struct FlashKeyTiles {
+  int n_first, n_last, mask_below, mask_from;
+};
+
+template <int BM, int BN>
+__device__ __forceinline__ FlashKeyTiles flash_key_tiles(const FlashParams& p, const SeqExtent& e,
+                                                         int m0) {
+  const int rows = min(BM, e.q_len - m0);
+  int lo_first, hi_first, lo_last, hi_last;
+  visible_keys(p, m0, e.q_len, e.k_len, &lo_first, &hi_first);
+  visible_keys(p, m0 + rows - 1, e.q_len, e.k_len, &lo_last, &hi_last);
+  const int key_end = min(hi_last, e.k_len);
+  FlashKeyTiles kt;
+  kt.n_first = lo_first / BN;
+  kt.n_last = key_end > lo_first ? (key_end - 1) / BN : kt.n_first - 1;
+  kt.mask_below = (lo_last + BN - 1) / BN;
+  kt.mask_from = hi_first > 0 ? hi_first / BN : 0;
+  return kt;
+}
+
+// Grid size along the tile dimension for tiles of `block` of `total_rows` packed rows over
+// `batch` sequences: ceil(total_rows / block) + batch, an upper bound on the tile count when
+// sequences do not overlap (kernels loop over tiles with a stride of the grid size, so
+// overlapping sequences are still all computed), at most 2^31 - 1.
+inline int64_t tile_slots(int64_t total_rows, int32_t batch, int32_t block) {
+  const int64_t n = (total_rows + block - 1) / block + batch;
   return n < 0x7fffffff ? n : 0x7fffffff;
+}
+
+// The same for query tiles of `block_m` rows.
+inline int64_t flash_num_tile_slots(const FlashParams& p, int32_t block_m) {
+  return tile_slots(p.total_q, p.batch, block_m);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -35,13 +35,15 @@
 
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
+#include "jax_flash/dtype.cuh"
 #include "jax_flash/flash_attention_common.cuh"
 #include "jax_flash/flash_params.h"
+#include "jax_flash/launch.cuh"
 #include "jax_flash/mma_sync.cuh"
 #include "jax_flash/policy/flash.h"
 #include "jax_flash/softmax.cuh"
+#include "jax_flash/warp.cuh"
 
 namespace jax_flash {
 
@@ -129,10 +131,6 @@ struct DefaultTraits<256> {
   using type = MmaTraits<256, 64, 64, 4, 1>;
 };
 
-constexpr float kLn2 = 0.6931471805599453f;
-constexpr float kRescaleLog2 = 8.f;  // lazy rescale threshold, log2 units (weights <= 256)
-
-
 // Copies rows [row0, row0 + kRows) of a head's [rows, kHeadDim] slice g (row stride `stride`
 // elements) into a swizzled shared tile. With kGuard, rows >= valid_rows are zero-filled and not
 // read (their source address is row 0's; valid_rows > 0); without, all rows must be valid. With
@@ -188,12 +186,7 @@ __device__ __forceinline__ bool find_tile(const FlashParams& p, int64_t tile, Ti
       const SeqExtent e = seq_extent(p, p.q_starts[b], p.q_ends[b], 0, 0);
       n = e.q_len > 0 ? (e.q_len + kBlockM - 1) / kBlockM : 0;
     }
-    int incl = n;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const int v = __shfl_up_sync(0xffffffffu, incl, off);
-      if (lane >= off) incl += v;
-    }
+    const int incl = warp_inclusive_sum(n, lane);
     const int total = __shfl_sync(0xffffffffu, incl, 31);
     if (tile < before + total) {
       const int64_t local = tile - before;  // < total, fits int32
@@ -267,19 +260,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
     const int b = tc.b;
     SeqExtent e = seq_extent(p, p.q_starts[b], p.q_ends[b], p.k_starts[b], p.k_ends[b]);
     const int m0 = tc.m_block * BM;
-    const int rows = min(BM, e.q_len - m0);
-
-    // Keys seen by any row of this tile: [lo(first row), hi(last row)). lo and hi grow with the
-    // row, so key tile n needs no mask iff [n * BN, (n + 1) * BN) lies inside
-    // [lo(last row), hi(first row)), i.e. iff mask_below <= n < mask_from.
-    int lo_first, hi_first, lo_last, hi_last;
-    visible_keys(p, m0, e.q_len, e.k_len, &lo_first, &hi_first);
-    visible_keys(p, m0 + rows - 1, e.q_len, e.k_len, &lo_last, &hi_last);
-    const int key_end = min(hi_last, e.k_len);  // the in-loop loads rely on key_end <= k_len
-    const int n_first = lo_first / BN;
-    const int n_last = key_end > lo_first ? (key_end - 1) / BN : n_first - 1;
-    const int mask_below = (lo_last + BN - 1) / BN;
-    const int mask_from = hi_first > 0 ? hi_first / BN : 0;
+    const FlashKeyTiles kt = flash_key_tiles<BM, BN>(p, e, m0);
 
     const T* q_ptr = static_cast<const T*>(p.q) +
                      static_cast<int64_t>(e.q_start) * p.q_row_stride +
@@ -294,9 +275,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
     if (tid == 0) {
       st->k_off = k_off;
       st->v_off = v_off;
-      st->n_first = n_first;
-      st->mask_below = mask_below;
-      st->mask_from = mask_from;
+      st->n_first = kt.n_first;
+      st->mask_below = kt.mask_below;
+      st->mask_from = kt.mask_from;
       st->q_len = e.q_len;
       st->k_len = e.k_len;
       st->m0 = m0;
@@ -318,13 +299,13 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
       row_sum[mt][0] = row_sum[mt][1] = 0.f;
     }
 
-    if (n_last >= n_first) {
+    if (kt.n_last >= kt.n_first) {
       load_tile<Tr, BM, true, kPad>(sQ, q_ptr, p.q_row_stride, m0, e.q_len, dk / 8, tid);
-      load_tile<Tr, BN, true, kPad>(sK, k_head + k_off, p.k_row_stride, n_last * BN, e.k_len,
+      load_tile<Tr, BN, true, kPad>(sK, k_head + k_off, p.k_row_stride, kt.n_last * BN, e.k_len,
                                     dk / 8, tid);
       cp_async_commit();
       if constexpr (Tr::kStages == 2) {
-        load_tile<Tr, BN, true, kPad>(sV, v_head + v_off, p.v_row_stride, n_last * BN, e.k_len,
+        load_tile<Tr, BN, true, kPad>(sV, v_head + v_off, p.v_row_stride, kt.n_last * BN, e.k_len,
                                       dv / 8, tid);
         cp_async_commit();
       }
@@ -332,7 +313,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
       // Only tile n_last can reach past k_len (key_end <= k_len), so the K/V loads of tiles
       // n - 1 < n_last issued inside the loop need no row guard.
       int stage = 0;
-      for (int n = n_last;; --n) {
+      for (int n = kt.n_last;; --n) {
         const int n0 = n * BN;
         const uint32_t sK_cur = sK + stage * Tr::kSmemKV;
         const uint32_t sV_cur = sV + stage * Tr::kSmemKV;
@@ -595,18 +576,12 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
 template <typename T, class Tr, bool kSoftcap, bool kPad>
 cudaError_t launch_flash_mma(const FlashParams& p, cudaStream_t stream) {
   if (p.batch <= 0 || p.total_q <= 0 || p.num_heads <= 0) return cudaSuccess;
-  auto kernel = flash_fwd_mma_kernel<T, Tr, kSoftcap, kPad>;
-
-  // The shared-memory limit is a per-device function attribute: set once per device.
-  cudaError_t err = ensure_smem_attrs<flash_fwd_mma_kernel<T, Tr, kSoftcap, kPad>>(Tr::kSmemBytes);
-  if (err != cudaSuccess) return err;
-
-  int64_t tiles = (static_cast<int64_t>(p.total_q) + Tr::kBlockM - 1) / Tr::kBlockM + p.batch;
-  if (tiles > INT32_MAX) tiles = INT32_MAX;  // the kernel's tile loop strides over the rest
+  // The kernel's tile loop strides over the slots past the grid.
+  const int64_t tiles = flash_num_tile_slots(p, Tr::kBlockM);
   const int heads_y = p.num_heads < 65535 ? p.num_heads : 65535;
   const dim3 grid(static_cast<unsigned>(tiles), heads_y, (p.num_heads + heads_y - 1) / heads_y);
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  return launch_with_smem<flash_fwd_mma_kernel<T, Tr, kSoftcap, kPad>>(grid, Tr::kThreads,
+                                                                     Tr::kSmemBytes, stream, p);
 }
 
 }  // namespace mma_detail
@@ -618,16 +593,15 @@ cudaError_t launch_flash_mma(const FlashParams& p, cudaStream_t stream) {
 // Asynchronous on `stream`; never synchronizes or allocates.
 template <typename T, int kHeadDim>
 cudaError_t run_flash_attention_mma(const FlashParams& p, cudaStream_t stream) {
-  static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>,
-                "float16 or bfloat16");
+  static_assert(kIsHalfOrBFloat16<T>, "float16 or bfloat16");
   using Tr = typename mma_detail::DefaultTraits<kHeadDim>::type;
   const bool pad = p.head_dim != kHeadDim || p.head_dim_v != kHeadDim;
-  if (pad) {
-    if (p.softcap > 0.f) return mma_detail::launch_flash_mma<T, Tr, true, true>(p, stream);
-    return mma_detail::launch_flash_mma<T, Tr, false, true>(p, stream);
-  }
-  if (p.softcap > 0.f) return mma_detail::launch_flash_mma<T, Tr, true, false>(p, stream);
-  return mma_detail::launch_flash_mma<T, Tr, false, false>(p, stream);
+  return dispatch_bool(pad, [&](auto pad_c) {
+    return dispatch_bool(p.softcap > 0.f, [&](auto softcap_c) {
+      return mma_detail::launch_flash_mma<T, Tr, decltype(softcap_c)::value,
+                                          decltype(pad_c)::value>(p, stream);
+    });
+  });
 }
 
 // Instantiated once each in the files flash_attention_mma_{f16,bf16}_d{64,128,256}.cu that

@@ -23,6 +23,7 @@
 
 #include "jax_flash/flash_attention_common.cuh"
 #include "jax_flash/flash_params.h"
+#include "jax_flash/launch.cuh"
 
 namespace jax_flash {
 namespace simt {
@@ -612,13 +613,10 @@ cudaError_t run_flash_attention_simt_cfg(const FlashParams& p, cudaStream_t stre
   const dim3 grid(static_cast<unsigned>(slots),
                   static_cast<unsigned>(p.num_heads < 65535 ? p.num_heads : 65535), 1);
 
-  auto kernel = vec ? flash_attention_simt_kernel<T, Cfg, true>
-                    : flash_attention_simt_kernel<T, Cfg, false>;
-  cudaError_t err = vec ? ensure_smem_attrs<flash_attention_simt_kernel<T, Cfg, true>>(smem_bytes)
-                        : ensure_smem_attrs<flash_attention_simt_kernel<T, Cfg, false>>(smem_bytes);
-  if (err != cudaSuccess) return err;
-  kernel<<<grid, Cfg::kThreads, smem_bytes, stream>>>(p);
-  return cudaGetLastError();
+  return dispatch_bool(vec, [&](auto vec_c) {
+    return launch_with_smem<flash_attention_simt_kernel<T, Cfg, decltype(vec_c)::value>>(
+        grid, Cfg::kThreads, smem_bytes, stream, p);
+  });
 }
 
 }  // namespace simt

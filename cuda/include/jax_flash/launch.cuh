@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <type_traits>
 
 namespace jax_flash {
 
@@ -32,6 +33,25 @@ inline cudaError_t ensure_smem_attrs(size_t bytes) {
     }
   }
   return cudaSuccess;
+}
+
+// Launches Kernel with `smem_bytes` of dynamic shared memory, its limit raised first
+// (ensure_smem_attrs), and returns the launch's status.
+template <auto Kernel, typename... Args>
+inline cudaError_t launch_with_smem(dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
+                                    const Args&... args) {
+  cudaError_t err = ensure_smem_attrs<Kernel>(smem_bytes);
+  if (err != cudaSuccess) return err;
+  Kernel<<<grid, block, smem_bytes, stream>>>(args...);
+  return cudaGetLastError();
+}
+
+// f(std::true_type{}) or f(std::false_type{}): turns a run-time flag into a template argument
+// (decltype(flag)::value inside f), so that each kernel variant is written once at its call.
+template <typename F>
+inline decltype(auto) dispatch_bool(bool flag, F&& f) {
+  if (flag) return f(std::true_type{});
+  return f(std::false_type{});
 }
 
 }  // namespace jax_flash

@@ -72,6 +72,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "jax_flash/dtype.cuh"
 #include "jax_flash/mma_sync.cuh"  // mma_detail: ldmatrix, mma_16816, pack2, swizzle
 #include "jax_flash/paged/common.cuh"
 #include "jax_flash/paged/launch.cuh"
@@ -826,8 +827,7 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
 // paged_mma_supported. Asynchronous on `stream`; never synchronizes or allocates.
 template <typename T, int D, typename TC>
 cudaError_t launch_paged_attention_mma(const PagedAttentionParams& p, cudaStream_t stream) {
-  static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>,
-                "float16 or bfloat16");
+  static_assert(kIsHalfOrBFloat16<T>, "float16 or bfloat16");
   static_assert(std::is_same_v<TC, T> || std::is_same_v<TC, int8_t> ||
                     std::is_same_v<TC, __nv_fp8_e4m3>,
                 "cache of q's type, int8 or float8 e4m3");

@@ -36,6 +36,7 @@
 
 #include "jax_flash/dtype.cuh"  // to_float, from_float, raw16_to_float
 #include "jax_flash/sampling_params.h"
+#include "jax_flash/warp.cuh"
 
 namespace jax_flash {
 namespace sampling_cuda {
@@ -119,15 +120,6 @@ __device__ u64 block_reduce(u64 v, Smem& sm) {
   __syncthreads();
   v = sm.result;
   __syncthreads();
-  return v;
-}
-
-__device__ __forceinline__ u64 warp_inclusive_sum(u64 v, int lane) {
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const u64 o = __shfl_up_sync(kFullMask, v, off);
-    if (lane >= off) v += o;
-  }
   return v;
 }
 

@@ -9,6 +9,12 @@
 namespace jax_flash {
 
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;  // lse = (m + log2(sum)) * kLn2 from base-2 units
+
+// Lazy rescale threshold of the online softmax (forward kernels), log2 units: a row keeps its
+// reference max until a score exceeds it by more than 2^kRescaleLog2 in weight, so weights stay
+// <= 256 and O and the row sum are rescaled only then.
+constexpr float kRescaleLog2 = 8.f;
 
 // tanh(x) = 1 - 2 / (1 + e^{2x}): absolute error ~1e-7 (tanh.approx.f32's ~5e-4 would be
 // multiplied by softcap); saturates to +-1 without NaN.

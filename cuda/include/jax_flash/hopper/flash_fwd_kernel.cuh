@@ -47,31 +47,6 @@ using mma_detail::ld_shared_v4;
 using mma_detail::pack2;
 using mma_detail::st_shared_b32;
 
-constexpr float kLn2 = 0.6931471805599453f;
-constexpr float kRescaleLog2 = 8.f;
-
-// The key range of one work item and which of its key tiles need a mask (as in the mma.sync
-// kernel): tiles n in [n_first, n_last], visited last to first; tile n needs no mask iff
-// mask_below <= n < mask_from.
-struct KeyTiles {
-  int n_first, n_last, mask_below, mask_from;
-};
-
-template <int BM, int BN>
-__device__ __forceinline__ KeyTiles key_tiles(const FlashParams& p, const SeqExtent& e, int m0) {
-  const int rows = min(BM, e.q_len - m0);
-  int lo_first, hi_first, lo_last, hi_last;
-  visible_keys(p, m0, e.q_len, e.k_len, &lo_first, &hi_first);
-  visible_keys(p, m0 + rows - 1, e.q_len, e.k_len, &lo_last, &hi_last);
-  const int key_end = min(hi_last, e.k_len);
-  KeyTiles kt;
-  kt.n_first = lo_first / BN;
-  kt.n_last = key_end > lo_first ? (key_end - 1) / BN : kt.n_first - 1;
-  kt.mask_below = (lo_last + BN - 1) / BN;
-  kt.mask_from = hi_first > 0 ? hi_first / BN : 0;
-  return kt;
-}
-
 // Work item w: (sequence, query tile, head). False past the last item. Whole warp.
 template <int BM>
 __device__ __forceinline__ bool find_work(const FlashParams& p, int64_t w, FlashTileCursor& cur,
@@ -138,23 +113,29 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
     FlashTileCursor cur{0, 0};
     int stage = 0, phase = 0, q_phase = 0;
+    // One K or V tile (key rows row .. row + BN - 1, every panel) into stage st of the ring at
+    // `ring`, once both consumer warpgroups have released that buffer (phase ph); full / empty
+    // map a stage to its mbarriers (k_full / k_empty or v_full / v_empty).
+    auto load_kv = [&](const CUtensorMap* tm, uint32_t ring, auto full, auto empty, int st, int ph,
+                       int kv_head, int row) {
+      mbar_wait(empty(st), ph ^ 1);
+      mbar_arrive_expect_tx(full(st), Tr::kSmemKV);
+#pragma unroll
+      for (int c = 0; c < Tr::kPanels; ++c)
+        tma_load_3d(ring + st * Tr::kSmemKV + c * Tr::kPanelKV, tm, full(st), c * 64, kv_head, row);
+    };
     for (int64_t w = blockIdx.x;; w += gridDim.x) {
       FlashTile ft;
       int head, m0;
       if (!find_work<BM>(p, w, cur, ft, head, m0)) break;
-      const KeyTiles kt = key_tiles<BM, BN>(p, ft.ext, m0);
+      const FlashKeyTiles kt = flash_key_tiles<BM, BN>(p, ft.ext, m0);
       if (kt.n_last < kt.n_first) continue;  // the consumers write zeros
       if (lane == 0) {
         const int kv_head = head / (p.num_heads / p.num_heads_k);
         bool first = true;
         for (int n = kt.n_last; n >= kt.n_first; --n) {
           const int row = ft.ext.k_start + n * BN;
-          mbar_wait(k_empty(stage), phase ^ 1);
-          mbar_arrive_expect_tx(k_full(stage), Tr::kSmemKV);
-#pragma unroll
-          for (int c = 0; c < Tr::kPanels; ++c)
-            tma_load_3d(sK + stage * Tr::kSmemKV + c * Tr::kPanelKV, &tm_k, k_full(stage), c * 64,
-                        kv_head, row);
+          load_kv(&tm_k, sK, k_full, k_empty, stage, phase, kv_head, row);
           if (first) {
             // Q after the first K tile: the K load need not wait for the previous item's
             // epilogue, which stages O in the Q buffer.
@@ -166,12 +147,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                           ft.ext.q_start + m0);
             first = false;
           }
-          mbar_wait(v_empty(stage), phase ^ 1);
-          mbar_arrive_expect_tx(v_full(stage), Tr::kSmemKV);
-#pragma unroll
-          for (int c = 0; c < Tr::kPanels; ++c)
-            tma_load_3d(sV + stage * Tr::kSmemKV + c * Tr::kPanelKV, &tm_v, v_full(stage), c * 64,
-                        kv_head, row);
+          load_kv(&tm_v, sV, v_full, v_empty, stage, phase, kv_head, row);
           if (++stage == S) {
             stage = 0;
             phase ^= 1;
@@ -206,7 +182,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     int head, m0;
     if (!find_work<BM>(p, w, cur, ft, head, m0)) break;
     const SeqExtent e = ft.ext;
-    const KeyTiles kt = key_tiles<BM, BN>(p, e, m0);
+    const FlashKeyTiles kt = flash_key_tiles<BM, BN>(p, e, m0);
     T* o_tile = static_cast<T*>(p.o) + static_cast<int64_t>(e.q_start + m0) * p.o_row_stride +
                 static_cast<int64_t>(head) * D;
     float* lse_tile =
@@ -379,19 +355,37 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
         for (int i = 0; i < 4; ++i) reg_fence(pa[kk][i]);
     };
+    // S = Q K(n)^T from stage st alone (no P V in flight): issue in this warpgroup's turn, wait,
+    // and hand the K buffer back to the producer.
+    auto gemm_s = [&](int st, int ph) {
+      mbar_wait(k_full(st), ph);
+      fence_s();
+      turn_begin();
+      wgmma_fence();
+      issue_s(st);
+      turn_end();
+      wgmma_wait<0>();
+      fence_s();
+      if (wtid == 0) mbar_arrive(k_empty(st));
+    };
+    // O += P V(n) from stage st alone (no S in flight), then the V buffer goes back.
+    auto gemm_pv = [&](int st, int ph, int n) {
+      wait_v(st, ph, n);
+      fence_o();
+      fence_p();
+      turn_begin();
+      wgmma_fence();
+      issue_pv(st);
+      turn_end();
+      wgmma_wait<0>();
+      fence_o();
+      if (wtid == 0) mbar_arrive(v_empty(st));
+    };
 
     // The first key tile: S, softmax (O is still zero: no rescale).
     {
       float corr[2];
-      mbar_wait(k_full(stage), phase);
-      fence_s();
-      turn_begin();
-      wgmma_fence();
-      issue_s(stage);
-      turn_end();
-      wgmma_wait<0>();
-      fence_s();
-      if (wtid == 0) mbar_arrive(k_empty(stage));
+      gemm_s(stage, phase);
       softmax(kt.n_last, corr);
       pack_p();
     }
@@ -424,25 +418,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         if (wtid == 0) mbar_arrive(v_empty(v_stage));
       } else {
         // Without the overlap P and S are never live together (fewer registers).
-        wait_v(v_stage, v_phase, v_n);
-        fence_o();
-        fence_p();
-        turn_begin();
-        wgmma_fence();
-        issue_pv(v_stage);
-        turn_end();
-        wgmma_wait<0>();
-        fence_o();
-        if (wtid == 0) mbar_arrive(v_empty(v_stage));
-        mbar_wait(k_full(stage), phase);
-        fence_s();
-        turn_begin();
-        wgmma_fence();
-        issue_s(stage);
-        turn_end();
-        wgmma_wait<0>();
-        fence_s();
-        if (wtid == 0) mbar_arrive(k_empty(stage));
+        gemm_pv(v_stage, v_phase, v_n);
+        gemm_s(stage, phase);
         rescale = softmax(n, corr);
       }
       if (rescale) {
@@ -464,16 +441,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
     }
     // The last P V.
-    wait_v(v_stage, v_phase, v_n);
-    fence_o();
-    fence_p();
-    turn_begin();
-    wgmma_fence();
-    issue_pv(v_stage);
-    turn_end();
-    wgmma_wait<0>();
-    fence_o();
-    if (wtid == 0) mbar_arrive(v_empty(v_stage));
+    gemm_pv(v_stage, v_phase, v_n);
 
     // Epilogue: normalize, lse, stage O in this warpgroup's rows of the Q buffer (its own Q rows,
     // which only it read), then store whole 16-byte chunks of the valid rows.

@@ -14,8 +14,8 @@
 
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
+#include "jax_flash/dtype.cuh"
 #include "jax_flash/flash_params.h"
 #include "jax_flash/hopper/flash_fwd_kernel.cuh"
 #include "jax_flash/hopper/tile_config.cuh"
@@ -98,18 +98,15 @@ cudaError_t launch_flash_hopper(const FlashParams& p, cudaStream_t stream) {
       !make_tensor_map(&tm_v, p.v, p.dtype, p.head_dim_v, p.num_heads_k, p.total_k,
                        p.v_row_stride, Tr::kBlockN))
     return cudaErrorNotSupported;
-  auto kernel = flash_fwd_hopper_kernel<T, Tr, kSoftcap>;
-  cudaError_t err = ensure_smem_attrs<flash_fwd_hopper_kernel<T, Tr, kSoftcap>>(Tr::kSmemBytes);
-  if (err != cudaSuccess) return err;
   int dev = 0, sms = 0;
-  err = cudaGetDevice(&dev);
+  cudaError_t err = cudaGetDevice(&dev);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   if (err != cudaSuccess) return err;
   // Work items: (query tile slot, head); a persistent CTA per SM strides over them.
   const int64_t items = flash_num_tile_slots(p, Tr::kBlockM) * p.num_heads;
   const int grid = static_cast<int>(items < sms ? items : sms);
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, tm_q, tm_k, tm_v);
-  return cudaGetLastError();
+  return launch_with_smem<flash_fwd_hopper_kernel<T, Tr, kSoftcap>>(
+      grid, Tr::kThreads, Tr::kSmemBytes, stream, p, tm_q, tm_k, tm_v);
 }
 
 }  // namespace hopper
@@ -121,11 +118,11 @@ cudaError_t launch_flash_hopper(const FlashParams& p, cudaStream_t stream) {
 // kernel). Asynchronous on `stream`; never synchronizes or allocates.
 template <typename T, int kHeadDim>
 cudaError_t run_flash_attention_hopper(const FlashParams& p, cudaStream_t stream) {
-  static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>,
-                "float16 or bfloat16");
+  static_assert(kIsHalfOrBFloat16<T>, "float16 or bfloat16");
   using Tr = typename hopper::HopperDefaultTraits<kHeadDim>::type;
-  if (p.softcap > 0.f) return hopper::launch_flash_hopper<T, Tr, true>(p, stream);
-  return hopper::launch_flash_hopper<T, Tr, false>(p, stream);
+  return dispatch_bool(p.softcap > 0.f, [&](auto softcap_c) {
+    return hopper::launch_flash_hopper<T, Tr, decltype(softcap_c)::value>(p, stream);
+  });
 }
 
 // Instantiated in the files flash_attention_hopper_{f16,bf16}.cu that

@@ -21,14 +21,12 @@ namespace jax_flash::policy {
 // of Q K^T past D and the n16 column pairs of P V past Dv (so the tensor-core work follows D and
 // Dv, not the tile).
 constexpr bool flash_mma_head_dims_supported(int64_t head_dim, int64_t head_dim_v) {
-  return head_dim >= 16 && head_dim <= 256 && head_dim % 16 == 0 && head_dim_v >= 16 &&
-         head_dim_v <= 256 && head_dim_v % 16 == 0;
+  return mma_tile_head_dims_supported(head_dim, head_dim_v);
 }
 
 // The tile width (64, 128 or 256) of the tensor-core kernel for head dims D, Dv (supported).
 constexpr int flash_mma_tile_dim(int64_t head_dim, int64_t head_dim_v) {
-  const int64_t d = head_dim > head_dim_v ? head_dim : head_dim_v;
-  return d <= 64 ? 64 : (d <= 128 ? 128 : 256);
+  return mma_tile_dim(head_dim, head_dim_v);
 }
 
 // Head dims of the Hopper (sm_90a, wgmma + TMA) kernel, which takes the tensor-core calls with

@@ -23,6 +23,19 @@ inline bool paged_head_dim_supported(int64_t head_dim, int64_t head_dim_v) {
   return false;
 }
 
+// The tensor-core (mma.sync) tiles of prefill and paged decode: head dims D and Dv multiples of
+// 16 (the k16 / n16 steps) from 16 to 256, run on the narrowest of the 64, 128 and 256 wide
+// tiles that holds max(D, Dv). policy/flash.h and policy/paged.h name each kernel's use of them.
+constexpr bool mma_tile_head_dims_supported(int64_t head_dim, int64_t head_dim_v) {
+  return head_dim >= 16 && head_dim <= 256 && head_dim % 16 == 0 && head_dim_v >= 16 &&
+         head_dim_v <= 256 && head_dim_v % 16 == 0;
+}
+
+constexpr int mma_tile_dim(int64_t head_dim, int64_t head_dim_v) {
+  const int64_t d = head_dim > head_dim_v ? head_dim : head_dim_v;
+  return d <= 64 ? 64 : (d <= 128 ? 128 : 256);
+}
+
 // Paged decode attention: the most splits the split-KV merge takes (it keeps one float per split
 // in shared memory).
 constexpr int kPagedMaxMergeSplits = 8192;
