@@ -3,7 +3,8 @@
     python -m jax_flash.serve --checkpoint DIR [--port 8000] [--num-pages 1024] ...
 
 Needs the ``serve`` extra (aiohttp). Prints ``serving MODEL on http://HOST:PORT`` once
-listening (``--port 0`` picks a free port); stops on Ctrl-C.
+listening (``--port 0`` picks a free port); stops on Ctrl-C. ``--tensor-parallel N`` places the
+model tensor-parallel (`jax_flash.models.shard_model`) over the first N visible devices.
 """
 
 from __future__ import annotations
@@ -11,6 +12,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+
+
+def tensor_parallel_mesh(n: int):
+    """A one-axis ("tensor") mesh over the first ``n`` visible devices; ValueError naming
+    ``--tensor-parallel`` when ``n`` is not in ``[1, device count]``."""
+    import jax
+
+    visible = jax.device_count()
+    if not 1 <= n <= visible:
+        raise ValueError(
+            f"--tensor-parallel {n}: must be in [1, {visible}], the devices visible "
+            f"({jax.devices()[0].platform})"
+        )
+    return jax.make_mesh((n,), ("tensor",), devices=jax.devices()[:n])
 
 
 def main(argv=None):
@@ -25,6 +40,14 @@ def main(argv=None):
     parser.add_argument("--max-prefill-rows", type=int, default=1)
     parser.add_argument("--prefill-chunk", type=int, default=128)
     parser.add_argument("--max-seq-len", type=int, default=None)
+    parser.add_argument(
+        "--tensor-parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="split heads and MLP columns over the first N devices (N must divide the KV "
+        "heads and the MLP width)",
+    )
     args = parser.parse_args(argv)
 
     try:
@@ -34,11 +57,20 @@ def main(argv=None):
             f"python -m jax_flash.serve needs aiohttp ({e}): pip install 'jax_flash[serve]'"
         ) from e
 
-    from ..models import load_hf_checkpoint, load_tokenizer
+    from ..models import load_hf_checkpoint, load_tokenizer, shard_model
     from .engine import Engine
     from .http import make_app
 
+    try:  # before the weights load: a wrong device count fails at once
+        mesh = tensor_parallel_mesh(args.tensor_parallel)
+    except ValueError as e:
+        parser.error(str(e))
     model, _ = load_hf_checkpoint(args.checkpoint, dtype=args.dtype)
+    if args.tensor_parallel > 1:  # the Engine serves a sharded model over its mesh
+        try:
+            model = shard_model(model, mesh)
+        except ValueError as e:
+            parser.error(f"--tensor-parallel {args.tensor_parallel}: {e}")
     engine = Engine(
         model,
         num_pages=args.num_pages,

@@ -13,6 +13,13 @@ Shapes are static: decode rows and chunk rows are padded to buckets (powers of t
 pages of ``max_seq_len`` tokens, and every step's output to ``max_batch + max_prefill_rows``
 rows; so a run compiles at most two executables per (decode bucket, chunk bucket) pair: one
 for steps whose rows are all greedy (argmax) and one that samples.
+
+A tensor-parallel model (`jax_flash.models.shard_model`) is served as it is: the engine reads
+its layout (``model.parallel``) and keeps every array it creates on the model's mesh, the cache
+pools split by KV heads (as the model's ``init_cache`` builds them) and everything else (packed
+step inputs, the previous step's tokens, copy-on-write page ids) replicated; the step and the
+page copy pin their outputs to the same layouts, so the donated pools stay split from step to
+step and no step gathers them.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from ..nn import Mixed
 from ..ops.kv_cache import copy_pages
@@ -141,6 +149,23 @@ def _model_static(graphdef, state_def) -> _Model:
     return static
 
 
+def _pinned(parallel, out, kv):
+    """The step's outputs in the layouts its inputs came in, for a tensor-parallel model: the
+    tokens replicated (the next step and the host read them whole), the pools split by KV
+    heads (donated back in by the next step); unchanged on one device."""
+    if parallel is None:
+        return out, kv
+    return parallel.constrain(out), jax.tree.map(parallel.heads, kv)
+
+
+@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
+def _place(parallel, out, kv):
+    """A new engine's previous-step tokens and pools in the layouts a step returns, as the
+    step's own outputs spell them: jit caches an executable per input layout as written, so
+    an equal layout spelled otherwise (``P(None)`` for ``P()``) would compile the step again."""
+    return _pinned(parallel, out, kv)
+
+
 @functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
 def _device_step(static: _Model, shape: _Shape, params, kv, previous, ints, floats):
     # The parameters come as a flat list, which jit flattens quicker than an nnx.State.
@@ -156,13 +181,15 @@ def _device_step(static: _Model, shape: _Shape, params, kv, previous, ints, floa
     logits = model.logits(h[batch.last_tokens()])
     drawn = _draw(logits, f, shape.greedy, getattr(model, "attention_impl", None))
     out = jnp.full((shape.out_rows,), -1, jnp.int32).at[: shape.rows].set(drawn)
-    return out, kv
+    return _pinned(getattr(model, "parallel", None), out, kv)
 
 
-@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(1,))
-def _copy_pages(impl, kv, src, dst):
-    """Copy pages ``src[i] -> dst[i]`` in every layer's cache (ids -1: padding, skipped)."""
-    return tuple(copy_pages(k, v, src, dst, implementation=impl) for k, v in kv)
+@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(2,))
+def _copy_pages(impl, parallel, kv, src, dst):
+    """Copy pages ``src[i] -> dst[i]`` in every layer's cache (ids -1: padding, skipped); on
+    split pools each device copies its own KV heads (the op's partitioning rule)."""
+    kv = tuple(copy_pages(k, v, src, dst, implementation=impl) for k, v in kv)
+    return kv if parallel is None else jax.tree.map(parallel.heads, kv)
 
 
 def _buckets(limit: int) -> list[int]:
@@ -183,6 +210,8 @@ class Engine:
     ----------
     model : a :class:`jax_flash.models.LlamaForCausalLM` (any decoder with ``forward``,
         ``logits``, ``init_cache`` and ``config``); its ``attention_impl`` picks the kernels.
+        A model placed tensor-parallel by :func:`jax_flash.models.shard_model` is served over
+        its mesh (detected from ``model.parallel``; see the module docstring).
     num_pages, page_size : the cache: ``num_pages`` pages of ``page_size`` tokens (page 0 is
         the null page). A request whose prompt and output cannot fit alone is refused.
     max_batch : decode rows per step (and requests running at once).
@@ -266,9 +295,14 @@ class Engine:
         graphdef, state = nnx.split(model)
         self._params, state_def = jax.tree.flatten(state)
         self._model_static = _model_static(graphdef, state_def)
+        # The tensor-parallel layout of a sharded model (None: one device). The pools come
+        # from the model's init_cache, split by KV heads on its mesh when it has one.
+        self.parallel = getattr(model, "parallel", None)
         cache = model.init_cache(int(num_pages), P, np.zeros((1, 1), np.int32))
         self._kv = cache.layers()
-        self._previous = jnp.full((self._out_rows,), -1, jnp.int32)
+        self._previous = self._to_device(np.full((self._out_rows,), -1, np.int32))
+        if self.parallel is not None:
+            self._previous, self._kv = _place(self.parallel, self._previous, self._kv)
         # The step dispatched last: its plan, its output and the output row of each plan row.
         self._in_flight: tuple[StepPlan, jax.Array, list[int]] | None = None
         self._requests: dict[int, Request] = {}
@@ -397,9 +431,19 @@ class Engine:
             greedy,
         )
 
-    def _call(self, shape: _Shape, plan: StepPlan):
+    def _to_device(self, host: np.ndarray) -> jax.Array:
+        """A host array on the device, or replicated over a tensor-parallel model's mesh."""
+        if self.parallel is None:
+            return jnp.asarray(host)
+        # P(), not P(None, ...): one spelling for every step, so no step compiles twice.
+        return jax.device_put(host, NamedSharding(self.parallel.mesh, PartitionSpec()))
+
+    def _step_args(self, shape: _Shape, plan: StepPlan) -> tuple:
+        """The arguments of `_device_step` for ``plan`` padded to ``shape``."""
         ints, floats = self._pack(shape, plan)
-        return _device_step(
+        if self.parallel is not None:  # else jit's own transfer, as fast for one device
+            ints, floats = self._to_device(ints), self._to_device(floats)
+        return (
             self._model_static,
             shape,
             self._params,
@@ -409,12 +453,16 @@ class Engine:
             floats,
         )
 
+    def _call(self, shape: _Shape, plan: StepPlan):
+        return _device_step(*self._step_args(shape, plan))
+
     def _dispatch(self, plan: StepPlan) -> tuple[jax.Array, list[int]]:
         if plan.copies:  # copy-on-write of partly shared prefix pages, before the step
             pairs = np.full((2, self.scheduler.max_batch), -1, np.int32)
             pairs[:, : len(plan.copies)] = np.asarray(plan.copies, np.int32).T
             impl = getattr(self.model, "attention_impl", None)
-            self._kv = _copy_pages(impl, self._kv, pairs[0], pairs[1])
+            src, dst = self._to_device(pairs[0]), self._to_device(pairs[1])
+            self._kv = _copy_pages(impl, self.parallel, self._kv, src, dst)
         greedy = all(r.sampling.greedy for r in plan.draws if r is not None)
         shape = self._shape(len(plan.decode), len(plan.chunks), greedy)
         out, self._kv = self._call(shape, plan)
