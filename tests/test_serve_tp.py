@@ -188,7 +188,8 @@ def test_sharded_cli_errors(tmp_path, capsys):
     from jax_flash.serve.__main__ import main
 
     write_checkpoint(tmp_path)
-    too_many = (DEVICES + 1, rf"must be in \[1, {DEVICES}\]")
+    visible = jax.device_count()
+    too_many = (visible + 1, rf"must be in \[1, {visible}\]")
     for n, message in (too_many, (4, "num_key_value_heads 2")):
         with pytest.raises(SystemExit):
             main(["--checkpoint", str(tmp_path), "--tensor-parallel", str(n)])
