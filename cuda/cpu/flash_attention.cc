@@ -53,15 +53,13 @@ using cpu::thread_scratch;
 using cpu::exp_approx;
 using cpu::round_up;
 
-// Micro-kernel shape (gemm.h) and the tile extents padded for it.
-template <class Tile>
-using Cfg = cpu::PaddedTile<Tile, kBlockM, kBlockN>;
-using CfgGeneric = Cfg<cpu::TileGeneric>;
-using CfgAvx2 = Cfg<cpu::TileAvx2>;
-using CfgAvx512 = Cfg<cpu::TileAvx512>;
+// The micro-kernel shapes (gemm.h), each with the tile extents padded for it.
+using Tiles = cpu::PaddedTiles<kBlockM, kBlockN>;
 
 // Floats of per-thread scratch that one work item needs.
-int64_t scratch_floats(const FlashParams& p, int rc, int kr, int nr) {
+template <class Cfg>
+int64_t scratch_floats(const FlashParams& p) {
+  constexpr int rc = Cfg::RC, kr = Cfg::KR, nr = Cfg::NR;
   const int64_t D = p.head_dim, Dvp = round_up(p.head_dim_v, nr);
   return D * rc           // Q^T, scaled [D, rc]
          + kr * D         // K tile [kr, D]
@@ -267,19 +265,19 @@ using BlockFn = void (*)(const FlashParams&, const SeqExtent&, int, int, int, fl
 template <DType DT>
 void block_generic(const FlashParams& p, const SeqExtent& e, int h, int i0, int m,
                    float* scratch) {
-  block_impl<DT, CfgGeneric>(p, e, h, i0, m, scratch);
+  block_impl<DT, Tiles::Generic>(p, e, h, i0, m, scratch);
 }
 
 #if JF_X86_DISPATCH
 template <DType DT>
 JF_TARGET_AVX2 void block_avx2(const FlashParams& p, const SeqExtent& e, int h, int i0, int m,
                                float* scratch) {
-  block_impl<DT, CfgAvx2>(p, e, h, i0, m, scratch);
+  block_impl<DT, Tiles::Avx2>(p, e, h, i0, m, scratch);
 }
 template <DType DT>
 JF_TARGET_AVX512 void block_avx512(const FlashParams& p, const SeqExtent& e, int h, int i0,
                                    int m, float* scratch) {
-  block_impl<DT, CfgAvx512>(p, e, h, i0, m, scratch);
+  block_impl<DT, Tiles::Avx512>(p, e, h, i0, m, scratch);
 }
 #endif
 
@@ -368,16 +366,16 @@ void run(const FlashParams& p_in) {
             [](const WorkItem& x, const WorkItem& y) { return x.cost > y.cost; });
 
   BlockFn fn = &block_generic<DT>;
-  int64_t scratch_size = scratch_floats(p, CfgGeneric::RC, CfgGeneric::KR, CfgGeneric::NR);
+  int64_t scratch_size = scratch_floats<Tiles::Generic>(p);
 #if JF_X86_DISPATCH
   switch (detect_isa()) {
     case Isa::kAvx512:
       fn = &block_avx512<DT>;
-      scratch_size = scratch_floats(p, CfgAvx512::RC, CfgAvx512::KR, CfgAvx512::NR);
+      scratch_size = scratch_floats<Tiles::Avx512>(p);
       break;
     case Isa::kAvx2:
       fn = &block_avx2<DT>;
-      scratch_size = scratch_floats(p, CfgAvx2::RC, CfgAvx2::KR, CfgAvx2::NR);
+      scratch_size = scratch_floats<Tiles::Avx2>(p);
       break;
     case Isa::kGeneric:
       break;

@@ -51,12 +51,8 @@ using cpu::exp_approx;
 using cpu::gemm;
 using cpu::round_up;
 
-// Micro-kernel shape (gemm.h) and the tile extents padded for it.
-template <class Tile>
-using Cfg = cpu::PaddedTile<Tile, kBlockM, kBlockN>;
-using CfgGeneric = Cfg<cpu::TileGeneric>;
-using CfgAvx2 = Cfg<cpu::TileAvx2>;
-using CfgAvx512 = Cfg<cpu::TileAvx512>;
+// The micro-kernel shapes (gemm.h), each with the tile extents padded for it.
+using Tiles = cpu::PaddedTiles<kBlockM, kBlockN>;
 
 // Per-thread scratch of one work item (floats). Head dims padded to NR: Dp, Dvp.
 struct Scratch {
@@ -334,20 +330,20 @@ JF_INLINE void item_impl(const FlashBwdParams& bp, const SeqExtent& e, const flo
 template <DType DT>
 void item_generic(const FlashBwdParams& bp, const SeqExtent& e, const float* delta,
                   const WorkItem& it, const Dims& d, float* scratch) {
-  item_impl<DT, CfgGeneric>(bp, e, delta, it, d, scratch);
+  item_impl<DT, Tiles::Generic>(bp, e, delta, it, d, scratch);
 }
 
 #if JF_X86_DISPATCH
 template <DType DT>
 JF_TARGET_AVX2 void item_avx2(const FlashBwdParams& bp, const SeqExtent& e, const float* delta,
                               const WorkItem& it, const Dims& d, float* scratch) {
-  item_impl<DT, CfgAvx2>(bp, e, delta, it, d, scratch);
+  item_impl<DT, Tiles::Avx2>(bp, e, delta, it, d, scratch);
 }
 template <DType DT>
 JF_TARGET_AVX512 void item_avx512(const FlashBwdParams& bp, const SeqExtent& e,
                                   const float* delta, const WorkItem& it, const Dims& d,
                                   float* scratch) {
-  item_impl<DT, CfgAvx512>(bp, e, delta, it, d, scratch);
+  item_impl<DT, Tiles::Avx512>(bp, e, delta, it, d, scratch);
 }
 #endif
 
@@ -467,19 +463,19 @@ const char* run(const FlashBwdParams& bp) {
   d.D = p.head_dim;
   d.Dv = p.head_dim_v;
   ItemFn fn = &item_generic<DT>;
-  int nr = CfgGeneric::NR;
-  int64_t (*floats)(const Dims&) = &scratch_floats<CfgGeneric>;
+  int nr = Tiles::Generic::NR;
+  int64_t (*floats)(const Dims&) = &scratch_floats<Tiles::Generic>;
 #if JF_X86_DISPATCH
   switch (cpu::detect_isa()) {
     case cpu::Isa::kAvx512:
       fn = &item_avx512<DT>;
-      nr = CfgAvx512::NR;
-      floats = &scratch_floats<CfgAvx512>;
+      nr = Tiles::Avx512::NR;
+      floats = &scratch_floats<Tiles::Avx512>;
       break;
     case cpu::Isa::kAvx2:
       fn = &item_avx2<DT>;
-      nr = CfgAvx2::NR;
-      floats = &scratch_floats<CfgAvx2>;
+      nr = Tiles::Avx2::NR;
+      floats = &scratch_floats<Tiles::Avx2>;
       break;
     case cpu::Isa::kGeneric:
       break;

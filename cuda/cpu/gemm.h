@@ -92,5 +92,13 @@ struct PaddedTile : Tile {
   static constexpr int KR = (BlockN + MR - 1) / MR * MR;
 };
 
+// The padded tile of each micro-kernel shape, picked at run time by the CPU's vector width.
+template <int BlockM, int BlockN>
+struct PaddedTiles {
+  using Generic = PaddedTile<TileGeneric, BlockM, BlockN>;
+  using Avx2 = PaddedTile<TileAvx2, BlockM, BlockN>;
+  using Avx512 = PaddedTile<TileAvx512, BlockM, BlockN>;
+};
+
 }  // namespace cpu
 }  // namespace jax_flash
