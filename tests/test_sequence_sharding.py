@@ -7,10 +7,7 @@ Like tests/test_sharding.py, the checks need 4 devices: with fewer, `test_on_hos
 this file again in a subprocess with 4 CPU host devices.
 """
 
-import os
 import re
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -22,28 +19,18 @@ from jax.sharding import PartitionSpec as P
 import jax_flash
 from jax_flash import reference
 
-from _util import randn, rel_err
+from _util import randn, rel_err, run_on_host_devices
 
 DEVICES = 4
-_CHILD = "JAX_FLASH_SEQSHARD_CHILD"
 _ENOUGH = jax.device_count() >= DEVICES
 needs_devices = pytest.mark.skipif(not _ENOUGH, reason=f"needs {DEVICES} devices")
 HQ, HKV, D, DV = 6, 2, 16, 8  # HQ appears in no other dimension: a q-sized gather shows by it
 TOL = 2e-5  # float32 inputs: one device's kernel against the sharded one and the reference
 
 
-@pytest.mark.skipif(_ENOUGH or os.environ.get(_CHILD) == "1", reason="checks run in place")
+@pytest.mark.skipif(_ENOUGH, reason="the checks run in place")
 def test_on_host_devices():
-    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={DEVICES}"
-    env = dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu")
-    env[_CHILD] = "1"
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", __file__],
-        env=env, capture_output=True, text=True, timeout=600,
-        cwd=os.path.dirname(__file__),
-    )  # fmt: skip
-    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
-    assert " passed" in run.stdout and f"needs {DEVICES} devices" not in run.stdout, run.stdout
+    run_on_host_devices(__file__, DEVICES, "not test_on_host_devices")
 
 
 def _mesh():
