@@ -9,6 +9,7 @@ a stopped request's pages released and no further steps run for it; bad ``stop``
 """
 
 import asyncio
+import dataclasses
 import json
 import os
 import queue
@@ -228,15 +229,8 @@ PIECES = [
     *(b"\xf0\x9f", b"\x98", b"\x80", b"\xf0\x9f\x98"),
 ]
 ID = {p: i for i, p in enumerate(PIECES)}
-BYTE_CONFIG = LlamaConfig(
-    vocab_size=len(PIECES),
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=128,
-)
+# The word model's shape over these pieces; no EOS id (a piece may end a reply anywhere).
+BYTE_CONFIG = dataclasses.replace(CONFIG, vocab_size=len(PIECES), eos_token_id=None)
 
 
 @pytest.fixture(scope="module")
