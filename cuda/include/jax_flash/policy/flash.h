@@ -36,6 +36,15 @@ constexpr bool flash_hopper_head_dims_supported(int64_t head_dim, int64_t head_d
   return head_dim == head_dim_v && (head_dim == 64 || head_dim == 128 || head_dim == 256);
 }
 
+// Head dims of the Hopper backward kernel (hopper/flash_bwd_kernel.cuh), which takes the
+// backward calls of the tensor-core backward (flash_attention_bwd_mma_supported) with these head
+// dims on compute capability 9.0 devices in builds with sm_90a code
+// (flash_attention_bwd_hopper_supported checks the device and the build); the other calls keep
+// the mma.sync backward.
+constexpr bool flash_bwd_hopper_head_dims_supported(int64_t head_dim, int64_t head_dim_v) {
+  return head_dim == head_dim_v && (head_dim == 64 || head_dim == 128);
+}
+
 // The kernel that runs a flash_attention call on CUDA. kTensorCore: float16 / bfloat16 with
 // head dims as flash_mma_head_dims_supported, softmax_scale finite and > 0 unless softcap > 0
 // (the running max is kept in unscaled units), softcap finite (<= 0: off); the launcher also

@@ -1,0 +1,60 @@
+// Tile shapes and shared-memory layout of the Hopper attention backward
+// (flash_bwd_kernel.cuh).
+//
+// A CTA owns kBlockN = 128 keys of one kv head and has 2 warpgroups, each owning 64 of the keys
+// (wgmma's M is 64 per warpgroup) and their dK/dV accumulators. A visit is one query block of
+// kBlockM = 64 rows of one query head. No producer warpgroup: with 384 threads ptxas caps every
+// thread at 168 registers whatever setmaxnreg later grants (measured: dK, dV, S^T and dP^T at
+// head dim 128 spill there), while 256 threads may use 255. The first warp issues the loads
+// instead: TMA for K/V (once) and for the Q/dO tiles kStages - 1 visits ahead, plain loads for
+// lse/Delta.
+//
+// Shared memory (regions 1024-byte aligned, the 128-byte swizzle's period): K and V
+// ([kBlockN][head_dim], head_dim / 64 column panels of 128-byte rows, TMA's SWIZZLE_128B), a
+// kStages-deep ring of Q and dO tiles (same layout, kBlockM rows), two dS^T buffers
+// ([kBlockN keys][kBlockM queries], one 128-byte-swizzled panel: the MN-major A operand of
+// dQ = dS K), a kStages ring of lse (log2 units) and Delta rows, then the mbarriers.
+#pragma once
+
+#include <cstdint>
+
+namespace jax_flash::hopper {
+
+template <int kHeadDim_>
+struct HopperBwdTraits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = 64;   // query rows per visit
+  static constexpr int kBlockN = 128;  // keys per CTA, 64 per consumer warpgroup
+  static constexpr int kStages = 3;  // loads run two visits ahead
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = 128 * kConsumers;
+  // dQ = dS K (64 rows x head_dim) is split by 64-column panels over the consumer warpgroups:
+  // both at head_dim 128, the first alone at 64.
+  static constexpr int kDqWarpgroups = kHeadDim / 64;
+
+  static constexpr int kPanels = kHeadDim / 64;
+  static constexpr int kPanelQ = kBlockM * 128;  // bytes of one 64-column panel of Q / dO
+  static constexpr int kPanelKV = kBlockN * 128;
+  static constexpr int kSmemQ = kPanels * kPanelQ;    // one Q or dO stage
+  static constexpr int kSmemKV = kPanels * kPanelKV;  // K or V
+  static constexpr int kSmemDs = kBlockN * kBlockM * 2;
+  static constexpr int kOffK = 0;
+  static constexpr int kOffV = kOffK + kSmemKV;
+  static constexpr int kOffQ = kOffV + kSmemKV;
+  static constexpr int kOffDo = kOffQ + kStages * kSmemQ;
+  static constexpr int kOffDs = kOffDo + kStages * kSmemQ;
+  static constexpr int kOffLse = kOffDs + 2 * kSmemDs;
+  static constexpr int kOffDelta = kOffLse + kStages * kBlockM * 4;
+  static constexpr int kOffBars = kOffDelta + kStages * kBlockM * 4;
+  // mbarriers (8 bytes each): kv_full, then q_full per stage (a stage is free again once both
+  // warpgroups have passed the next visit's dS barrier).
+  static constexpr int kNumBars = 1 + kStages;
+  static constexpr int kSmemBytes = 1024 /* alignment slack */ + kOffBars + 8 * kNumBars;
+
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64, 128");
+  static_assert(kBlockM == 64, "a dS^T row is one 128-byte swizzle row (64 queries)");
+  static_assert(kBlockN == 64 * kConsumers, "64 keys per consumer warpgroup");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
+};
+
+}  // namespace jax_flash::hopper

@@ -1,0 +1,435 @@
+// Hopper (sm_90a) attention backward for float16 / bfloat16: TMA + wgmma.
+//
+// The contract is flash_bwd_params.h's; the math, masks, scheduling and deterministic mode are
+// the mma.sync backward's (flash_attention_bwd_mma.cuh), with keys as the M dimension so that
+// P^T and dS^T stay in registers as wgmma's A operand:
+//   CTA (kv head blockIdx.y, key block blockIdx.x of 128 keys) visits, for every query head of
+//   the kv head's group (GQA) and every query block of 64 rows that sees one of its keys:
+//   loads (the first warp): TMA loads of K and V (once) and of the Q and dO tiles of each
+//     visit, two visits ahead, into a 3-deep ring; lse (log2 units) and Delta of the visit's
+//     rows by plain loads into shared memory. Each stage has a "full" mbarrier (the TMA bytes
+//     plus the 32 lanes' arrivals after their lse/Delta stores); a stage is reloaded only once
+//     both warpgroups have passed the next visit's dS barrier, so no "empty" barrier is needed.
+//   warpgroups 0, 1 (64 keys each):
+//     S^T = K Q^T, dP^T = V dO^T        wgmma ss (K/V rows K-major, Q/dO rows K-major)
+//     P^T = exp2(S^T * scale * log2 e - lse * log2 e), masked; dS^T = P^T (dP^T - Delta)
+//           (times 1 - tanh^2 under a soft cap)
+//     dV += P^T dO, dK += dS^T Q       wgmma rs (P^T / dS^T register fragments, dO / Q MN-major)
+//     dS^T stored to shared memory; dQ = dS K   wgmma ss with both operands MN-major, split by
+//           64-column panels over the warpgroups, added to the float32 accumulator with
+//           atomics (deterministic mode: in ascending key-block order, per-(head, query tile)
+//           turn counters, as in the mma.sync kernel).
+// dK/dV stay in registers across all visits (no atomics for them); the epilogue scales dK and
+// writes both for the block's keys.
+//
+// Rows past a length: TMA reads whole tiles of the packed tensors (another sequence's rows, or
+// zeros past the tensor). Q/dO rows past the query length and K/V rows past the key length are
+// zeroed in shared memory (so that no non-finite value there meets a zero weight), their lse is
+// +inf (P = 0) and their Delta 0, and keys past the key length are masked.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+#include "jax_flash/flash_attention_bwd_common.cuh"
+#include "jax_flash/flash_attention_bwd_mma.cuh"
+#include "jax_flash/flash_bwd_params.h"
+#include "jax_flash/hopper/bwd_tile_config.cuh"
+#include "jax_flash/hopper/ptx.cuh"
+#include "jax_flash/hopper/wgmma.cuh"
+#include "jax_flash/mma_sync.cuh"
+#include "jax_flash/softmax.cuh"
+
+namespace jax_flash::hopper {
+
+// Zeroes rows [first_row, rows) of a tile of `panels` 64-column panels of `rows` 128-byte rows
+// (panel stride `panel_bytes`), the 256 consumer threads together (ctid 0..255).
+__device__ __forceinline__ void zero_tile_rows(uint32_t tile, int panels, int panel_bytes,
+                                               int rows, int first_row, int ctid) {
+  for (int i = ctid; i < (rows - first_row) * panels * 8; i += 256) {
+    const int r = first_row + i / (panels * 8);
+    const int c = i % (panels * 8);
+    const uint32_t addr = tile + (c / 8) * panel_bytes + r * 128 + (c % 8) * 16;
+    asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0u) : "memory");
+  }
+}
+
+template <typename T, class Tr, bool kSoftcap, bool kDeterministic>
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    flash_bwd_hopper_kernel(const __grid_constant__ FlashBwdParams p, const FlashBwdWorkspace ws,
+                            const __grid_constant__ CUtensorMap tm_q,
+                            const __grid_constant__ CUtensorMap tm_k,
+                            const __grid_constant__ CUtensorMap tm_v,
+                            const __grid_constant__ CUtensorMap tm_do) {
+#if defined(JAX_FLASH_SM90A)
+  using mma_detail::fast_exp2;
+  using mma_detail::pack2;
+  using mma_detail::st_shared_b32;
+  constexpr int D = Tr::kHeadDim;
+  constexpr int BM = Tr::kBlockM;
+  constexpr int BN = Tr::kBlockN;
+  constexpr int S = Tr::kStages;
+  const FlashParams& f = p.fwd;
+
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  uint8_t* base_ptr = smem_raw + (base - raw);
+  const uint32_t sK = base + Tr::kOffK;
+  const uint32_t sV = base + Tr::kOffV;
+  const uint32_t sQ = base + Tr::kOffQ;
+  const uint32_t sdO = base + Tr::kOffDo;
+  const uint32_t sdS = base + Tr::kOffDs;
+  float* s_lse = reinterpret_cast<float*>(base_ptr + Tr::kOffLse);      // [S][BM]
+  float* s_delta = reinterpret_cast<float*>(base_ptr + Tr::kOffDelta);  // [S][BM]
+  const uint32_t bars = base + Tr::kOffBars;
+  const uint32_t kv_full = bars;
+  auto q_full = [&](int s) { return bars + 8 + 8 * s; };
+
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int wg = warp >> 2;
+
+  const int kv_head = blockIdx.y;
+  FlashKeyTile kt;
+  if (!flash_find_key_tile(f, BN, BM, blockIdx.x, &kt)) return;
+  const SeqExtent e = kt.ext;
+  const int n0 = kt.n * BN;
+  const int q_len = e.q_len, k_len = e.k_len;
+  const int num_m = flash_num_q_tiles(e, BM);
+  const int group = f.num_heads / f.num_heads_k;
+
+  // Query blocks that see a key of this block: an interval [m_first, m_last].
+  auto visits = [&](int m) {
+    int lo, hi;
+    flash_tile_keys(f, m * BM, min(BM, q_len - m * BM), q_len, k_len, &lo, &hi);
+    return hi > lo && lo / BN <= kt.n && kt.n <= (hi - 1) / BN;
+  };
+  int m_first = 0;
+  while (m_first < num_m && !visits(m_first)) ++m_first;
+  int m_last = m_first;
+  while (m_last + 1 < num_m && visits(m_last + 1)) ++m_last;
+  if (m_first >= num_m) return;  // nothing sees these keys: dk, dv stay the launcher's zeros
+  const int visits_per_head = m_last - m_first + 1;
+  const int items = group * visits_per_head;
+  auto head_of = [&](int it) { return kv_head * group + it / visits_per_head; };
+  auto block_of = [&](int it) { return m_first + it % visits_per_head; };
+
+  if (tid == 0) {
+    mbar_init(kv_full, 1);
+    // A stage's loads: the TMA bytes (lane 0's arrival expects them) and the first warp's 32
+    // arrivals after their lse/Delta stores.
+    for (int s = 0; s < S; ++s) mbar_init(q_full(s), 32);
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  // The loads of visit `it` into stage it % S, by the first warp: lse in log2 units (+inf for
+  // rows past the sequence and rows that saw no key, lse = -inf: their weights are
+  // exp2(-inf) = 0) and Delta by plain loads, Q and dO by TMA.
+  auto issue_loads = [&](int it) {
+    const int st = it % S;
+    const int h = head_of(it);
+    const int m0 = block_of(it) * BM;
+    for (int r = lane; r < BM; r += 32) {
+      float l2 = INFINITY, dl = 0.f;
+      if (m0 + r < q_len) {
+        const int64_t at = static_cast<int64_t>(h) * f.total_q + e.q_start + m0 + r;
+        const float l = f.lse[at];
+        l2 = l == -INFINITY ? INFINITY : l * kLog2e;
+        dl = ws.delta[at];
+      }
+      s_lse[st * BM + r] = l2;
+      s_delta[st * BM + r] = dl;
+    }
+    if (lane == 0) {
+      mbar_arrive_expect_tx(q_full(st), 2 * Tr::kSmemQ);
+#pragma unroll
+      for (int c = 0; c < Tr::kPanels; ++c) {
+        tma_load_3d(sQ + st * Tr::kSmemQ + c * Tr::kPanelQ, &tm_q, q_full(st), c * 64, h,
+                    e.q_start + m0);
+        tma_load_3d(sdO + st * Tr::kSmemQ + c * Tr::kPanelQ, &tm_do, q_full(st), c * 64, h,
+                    e.q_start + m0);
+      }
+    } else {
+      mbar_arrive(q_full(st));
+    }
+  };
+  if (warp == 0) {
+    if (lane == 0) {
+      tma_prefetch_desc(&tm_q);
+      tma_prefetch_desc(&tm_k);
+      tma_prefetch_desc(&tm_v);
+      tma_prefetch_desc(&tm_do);
+      mbar_arrive_expect_tx(kv_full, 2 * Tr::kSmemKV);
+#pragma unroll
+      for (int c = 0; c < Tr::kPanels; ++c) {
+        tma_load_3d(sK + c * Tr::kPanelKV, &tm_k, kv_full, c * 64, kv_head, e.k_start + n0);
+        tma_load_3d(sV + c * Tr::kPanelKV, &tm_v, kv_full, c * 64, kv_head, e.k_start + n0);
+      }
+    }
+    for (int it = 0; it < S - 1 && it < items; ++it) issue_loads(it);
+  }
+
+  const int cw = wg;           // warpgroup: keys 64 cw .. 64 cw + 63 of the block
+  const int ctid = tid;        // 0..255
+  const int g = lane >> 2;     // accumulator row (and +8) within the warp's 16
+  const int t = lane & 3;      // accumulator column pair
+  const int kr = 64 * cw + 16 * (warp & 3) + g;  // this thread's first key row in the block
+
+  const ScoreScale score = score_scale<kSoftcap>(f);
+  const float scale_log2 = score.scale_log2, softcap_in = score.softcap_in;
+  // Key j of the sequence is visible from query row i iff j < k_len and
+  // d_min <= j - i <= d_max (flash_params.h's mask with diag = i + k_len - q_len).
+  const int64_t diag_off = static_cast<int64_t>(k_len) - q_len;
+  auto clamp_int = [](int64_t x) {
+    return static_cast<int>(x < INT_MIN ? INT_MIN : (x > INT_MAX ? INT_MAX : x));
+  };
+  const int d_min = f.window_left < 0 ? INT_MIN : clamp_int(diag_off - f.window_left);
+  const int d_max = f.window_right < 0 ? INT_MAX : clamp_int(diag_off + f.window_right);
+
+  mbar_wait(kv_full, 0);
+  if (n0 + BN > k_len) {
+    zero_tile_rows(sK, Tr::kPanels, Tr::kPanelKV, BN, k_len - n0, ctid);
+    zero_tile_rows(sV, Tr::kPanels, Tr::kPanelKV, BN, k_len - n0, ctid);
+    fence_proxy_async();
+    named_sync(1, 256);
+  }
+
+  float acc_dk[D / 2], acc_dv[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
+
+  const uint32_t k_rows = sK + 64 * cw * 128;  // this warpgroup's 64 keys (K-major A)
+  const uint32_t v_rows = sV + 64 * cw * 128;
+
+  for (int it = 0; it < items; ++it) {
+    const int stage = it % S;
+    const int phase = (it / S) & 1;
+    const int h = head_of(it);
+    const int m = block_of(it);
+    const int m0 = m * BM;
+    const int rows = min(BM, q_len - m0);
+    const uint32_t q_st = sQ + stage * Tr::kSmemQ;
+    const uint32_t do_st = sdO + stage * Tr::kSmemQ;
+    const uint32_t ds_buf = sdS + (it & 1) * Tr::kSmemDs;
+
+    mbar_wait(q_full(stage), phase);
+    if (rows < BM) {
+      zero_tile_rows(q_st, Tr::kPanels, Tr::kPanelQ, BM, rows, ctid);
+      zero_tile_rows(do_st, Tr::kPanels, Tr::kPanelQ, BM, rows, ctid);
+      fence_proxy_async();
+      named_sync(1, 256);
+    }
+
+    // S^T = K Q^T and dP^T = V dO^T: this warpgroup's 64 keys x BM queries.
+    float s[BM / 2], dp[BM / 2];
+#pragma unroll
+    for (int i = 0; i < BM / 2; ++i) {
+      reg_fence(s[i]);
+      reg_fence(dp[i]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < D / 16; ++k) {
+      const uint32_t off = (k / 4) * Tr::kPanelKV + (k % 4) * 32;  // k16 step in a panel
+      const uint32_t qoff = (k / 4) * Tr::kPanelQ + (k % 4) * 32;
+      Wgmma<T, BM>::ss(s, smem_desc_sw128(k_rows + off, 16, 1024),
+                       smem_desc_sw128(q_st + qoff, 16, 1024), k > 0);
+    }
+#pragma unroll
+    for (int k = 0; k < D / 16; ++k) {
+      const uint32_t off = (k / 4) * Tr::kPanelKV + (k % 4) * 32;
+      const uint32_t qoff = (k / 4) * Tr::kPanelQ + (k % 4) * 32;
+      Wgmma<T, BM>::ss(dp, smem_desc_sw128(v_rows + off, 16, 1024),
+                       smem_desc_sw128(do_st + qoff, 16, 1024), k > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < BM / 2; ++i) {
+      reg_fence(s[i]);
+      reg_fence(dp[i]);
+    }
+
+    // P^T and dS^T (s becomes P^T, dp becomes dS^T). Element i of a fragment: key row
+    // kr + 8 * (i / 2 % 2), query column 8 * (i / 4) + 2 * t + i % 2.
+    int lo, hi;
+    flash_tile_keys(f, m0, rows, q_len, k_len, &lo, &hi);
+    int lo_last, hi_first, unused;
+    visible_keys(f, m0 + rows - 1, q_len, k_len, &lo_last, &unused);
+    visible_keys(f, m0, q_len, k_len, &unused, &hi_first);
+    const bool need_mask = n0 < lo_last || n0 + BN > hi_first;
+    const float* lse_st = s_lse + stage * BM;
+    const float* delta_st = s_delta + stage * BM;
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int col = 8 * j + 2 * t + c;
+        const float l2 = lse_st[col];
+        const float dl = delta_st[col];
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int i = 4 * j + 2 * hf + c;
+          float x = s[i];
+          if constexpr (kSoftcap) x = softcap_tanh(x * softcap_in);
+          float pv = fast_exp2(fmaf(x, scale_log2, -l2));
+          if (need_mask) {
+            const int kj = n0 + kr + 8 * hf;
+            const int dj = kj - (m0 + col);
+            if (kj >= k_len || dj < d_min || dj > d_max) pv = 0.f;
+          }
+          float ds = pv * (dp[i] - dl);
+          if constexpr (kSoftcap) ds *= 1.f - x * x;
+          s[i] = pv;
+          dp[i] = ds;
+        }
+      }
+    }
+
+    // A fragments of P^T and dS^T (k16 step kk over the queries), and dS^T to shared memory
+    // for dQ: key row r, query columns 8j + 2t, +1 in the 128-byte-swizzled [BN][BM] buffer.
+    uint32_t pa[BM / 16][4], da[BM / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        pa[kk][q] = pack2<T>(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]);
+        da[kk][q] = pack2<T>(dp[8 * kk + 2 * q], dp[8 * kk + 2 * q + 1]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int r = kr + 8 * hf;  // r % 8 == g
+        st_shared_b32(ds_buf + r * 128 + ((j ^ g) << 4) + 4 * t,
+                      da[j / 2][2 * (j % 2) + hf]);
+      }
+    }
+
+    // dV += P^T dO, dK += dS^T Q (dO / Q read MN-major: k = query rows, n = head dim).
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) {
+      reg_fence(acc_dk[i]);
+      reg_fence(acc_dv[i]);
+    }
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        reg_fence(pa[kk][q]);
+        reg_fence(da[kk][q]);
+      }
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) {
+      Wgmma<T, D>::rs(acc_dv, pa[kk], smem_desc_sw128(do_st + kk * 16 * 128, Tr::kPanelQ, 1024));
+      Wgmma<T, D>::rs(acc_dk, da[kk], smem_desc_sw128(q_st + kk * 16 * 128, Tr::kPanelQ, 1024));
+    }
+    wgmma_commit();
+
+    // Both warpgroups' dS^T staged, both past visit it - 1 (and, deterministic, the key blocks
+    // before this one have added their dQ shares of this (head, query block): lo / BN is the
+    // first that visits it).
+    fence_proxy_async();
+    int32_t* turn = nullptr;
+    if constexpr (kDeterministic) {
+      const int64_t slot = kt.q_tile_base + m;
+      if (slot < ws.q_tile_slots) {
+        turn = ws.dq_turn + static_cast<int64_t>(h) * ws.q_tile_slots + slot;
+        if (ctid == 0) {
+          const int rank = kt.n - lo / BN;
+          while (mma_bwd::ld_acquire(turn) < rank) {
+          }
+        }
+      }
+    }
+    named_sync(1, 256);
+    // Every thread is past visit it - 1: its stage takes the loads of visit it + S - 1.
+    if (warp == 0 && it + S - 1 < items) issue_loads(it + S - 1);
+
+    // dQ (unscaled) = dS K for head-dim panel cw: A = dS^T read MN-major (m = queries,
+    // k = keys), B = K read MN-major (k = keys, n = 64 head-dim columns).
+    float dq[32];
+    if (cw < Tr::kDqWarpgroups) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) reg_fence(dq[i]);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        Wgmma<T, 64>::template ss<1, 1>(
+            dq, smem_desc_sw128(ds_buf + kk * 16 * 128, Tr::kSmemDs, 1024),
+            smem_desc_sw128(sK + cw * Tr::kPanelKV + kk * 16 * 128, Tr::kPanelKV, 1024), kk > 0);
+      }
+      wgmma_commit();
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) {
+      reg_fence(acc_dk[i]);
+      reg_fence(acc_dv[i]);
+    }
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        reg_fence(pa[kk][q]);
+        reg_fence(da[kk][q]);
+      }
+    }
+    if (cw < Tr::kDqWarpgroups) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) reg_fence(dq[i]);
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int r = 16 * (warp & 3) + g + 8 * hf;
+        if (r < rows) {
+          float* dst = ws.dq_accum +
+                       ((static_cast<int64_t>(e.q_start) + m0 + r) * f.num_heads + h) * D +
+                       64 * cw + 2 * t;
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+            mma_bwd::add_f32x2(dst + 8 * j, dq[4 * j + 2 * hf], dq[4 * j + 2 * hf + 1]);
+        }
+      }
+    }
+    if constexpr (kDeterministic) {
+      __threadfence();  // this thread's adds are visible before the turn advances
+      named_sync(1, 256);
+      if (ctid == 0 && turn != nullptr) atomicAdd(turn, 1);
+    }
+  }
+
+  // Epilogue: dK (scaled) and dV of this thread's key rows, straight from the fragments
+  // (element i: key row kr + 8 * (i / 2 % 2), column 8 * (i / 4) + 2 * t + i % 2).
+  T* dk = static_cast<T*>(p.dk) + static_cast<int64_t>(kv_head) * D + 2 * t;
+  T* dv = static_cast<T*>(p.dv) + static_cast<int64_t>(kv_head) * D + 2 * t;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int r = kr + 8 * hf;
+    if (n0 + r < k_len) {
+      const int64_t row = static_cast<int64_t>(e.k_start) + n0 + r;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        *reinterpret_cast<uint32_t*>(dk + row * p.dk_row_stride + 8 * j) =
+            pack2<T>(acc_dk[4 * j + 2 * hf] * f.softmax_scale,
+                     acc_dk[4 * j + 2 * hf + 1] * f.softmax_scale);
+        *reinterpret_cast<uint32_t*>(dv + row * p.dv_row_stride + 8 * j) =
+            pack2<T>(acc_dv[4 * j + 2 * hf], acc_dv[4 * j + 2 * hf + 1]);
+      }
+    }
+  }
+#endif  // JAX_FLASH_SM90A
+}
+
+}  // namespace jax_flash::hopper
