@@ -1,7 +1,8 @@
 // XLA FFI handler: jax_flash_flash_attention_bwd_cuda. Picks the kernel for (dtype, head dim):
-// the tensor-core kernel where it applies, the SIMT kernels otherwise (float32, other head
-// dims). Its float32 workspace (Delta, the dQ accumulator, the deterministic mode's turn
-// counters) comes from XLA's scratch allocator; the handler never synchronizes the stream.
+// the Hopper (wgmma) kernel on compute capability 9.0 where it applies, the tensor-core
+// (mma.sync) kernel where it applies, the SIMT kernels otherwise (float32, other head dims).
+// Its float32 workspace (Delta, the dQ accumulator, the deterministic mode's turn counters)
+// comes from XLA's scratch allocator; the handler never synchronizes the stream.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -11,14 +12,26 @@
 #include "registry.h"
 #include "jax_flash/flash_attention_bwd_mma.cuh"
 #include "jax_flash/flash_attention_bwd_simt.cuh"
+#include "jax_flash/hopper/flash_bwd_launch.cuh"
 #include "jax_flash/policy/limits.h"
 
 namespace jax_flash::ffi_impl {
 namespace {
 
 template <typename T>
-cudaError_t dispatch_bwd(const FlashBwdParams& p, bool mma, cudaStream_t stream) {
+cudaError_t dispatch_bwd(const FlashBwdParams& p, bool hopper, bool mma, cudaStream_t stream) {
   if constexpr (!std::is_same_v<T, float>) {
+    if (hopper) {
+      // cudaErrorNotSupported: a TMA descriptor was rejected and nothing ran; the mma.sync
+      // kernel (same workspace) takes the call.
+      cudaError_t status = cudaErrorNotSupported;
+      switch (p.fwd.head_dim) {
+        case 64: status = run_flash_attention_bwd_hopper<T, 64>(p, stream); break;
+        case 128: status = run_flash_attention_bwd_hopper<T, 128>(p, stream); break;
+        default: break;
+      }
+      if (status != cudaErrorNotSupported) return status;
+    }
     if (mma) {
       switch (p.fwd.head_dim) {
         case 64: return run_flash_attention_bwd_mma<T, 64>(p, stream);
@@ -53,6 +66,8 @@ ffi::Error FlashAttentionBwdCuda(cudaStream_t stream, ffi::ScratchAllocator scra
     return invalid(kFlashBwdOp, "the CUDA kernel takes head dims up to " + std::to_string(kMaxD) +
                                     ", got " + std::to_string(p.fwd.head_dim) + "/" +
                                     std::to_string(p.fwd.head_dim_v));
+  // The Hopper kernel takes a subset of the mma.sync kernel's calls, with the same workspace.
+  const bool hopper = flash_attention_bwd_hopper_supported(p);
   const bool mma = flash_attention_bwd_mma_supported(p);
   const int64_t bytes =
       flash_bwd_workspace_bytes(p.fwd, mma ? kBwdMmaBlockM : 0, p.deterministic);
@@ -67,9 +82,9 @@ ffi::Error FlashAttentionBwdCuda(cudaStream_t stream, ffi::ScratchAllocator scra
   }
   cudaError_t status = cudaSuccess;
   switch (p.fwd.dtype) {
-    case DType::kFloat32: status = dispatch_bwd<float>(p, mma, stream); break;
-    case DType::kFloat16: status = dispatch_bwd<__half>(p, mma, stream); break;
-    case DType::kBFloat16: status = dispatch_bwd<__nv_bfloat16>(p, mma, stream); break;
+    case DType::kFloat32: status = dispatch_bwd<float>(p, hopper, mma, stream); break;
+    case DType::kFloat16: status = dispatch_bwd<__half>(p, hopper, mma, stream); break;
+    case DType::kBFloat16: status = dispatch_bwd<__nv_bfloat16>(p, hopper, mma, stream); break;
   }
   return cuda_status(kFlashBwdOp, status);
 }

@@ -114,3 +114,12 @@ foreach(tag f16 bf16)
       ARGS "${_jf_type_${tag}}, ${d}")
   endforeach()
 endforeach()
+
+# Backward on Hopper (wgmma + TMA; code only in the sm_90a pass): one file per 16-bit dtype with
+# head dims 64 and 128.
+foreach(tag f16 bf16)
+  jax_flash_instantiate(flash_attention_bwd_hopper_${tag}
+    HEADER jax_flash/hopper/flash_bwd_launch.cuh FUNCTION run_flash_attention_bwd_hopper
+    PARAMS FlashBwdParams WHAT "${_jf_type_${tag}}, head dims 64, 128"
+    ARGS "${_jf_type_${tag}}, 64" "${_jf_type_${tag}}, 128")
+endforeach()

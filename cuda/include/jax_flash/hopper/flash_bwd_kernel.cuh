@@ -244,6 +244,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       Wgmma<T, BM>::ss(s, smem_desc_sw128(k_rows + off, 16, 1024),
                        smem_desc_sw128(q_st + qoff, 16, 1024), k > 0);
     }
+    wgmma_commit();
 #pragma unroll
     for (int k = 0; k < D / 16; ++k) {
       const uint32_t off = (k / 4) * Tr::kPanelKV + (k % 4) * 32;
@@ -252,12 +253,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                        smem_desc_sw128(do_st + qoff, 16, 1024), k > 0);
     }
     wgmma_commit();
-    wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < BM / 2; ++i) {
-      reg_fence(s[i]);
-      reg_fence(dp[i]);
-    }
 
     // P^T and dS^T (s becomes P^T, dp becomes dS^T). Element i of a fragment: key row
     // kr + 8 * (i / 2 % 2), query column 8 * (i / 4) + 2 * t + i % 2.
@@ -269,30 +264,45 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const bool need_mask = n0 < lo_last || n0 + BN > hi_first;
     const float* lse_st = s_lse + stage * BM;
     const float* delta_st = s_delta + stage * BM;
-#pragma unroll
-    for (int j = 0; j < BM / 8; ++j) {
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int col = 8 * j + 2 * t + c;
-        const float l2 = lse_st[col];
-        const float dl = delta_st[col];
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int i = 4 * j + 2 * hf + c;
-          float x = s[i];
-          if constexpr (kSoftcap) x = softcap_tanh(x * softcap_in);
-          float pv = fast_exp2(fmaf(x, scale_log2, -l2));
-          if (need_mask) {
-            const int kj = n0 + kr + 8 * hf;
-            const int dj = kj - (m0 + col);
-            if (kj >= k_len || dj < d_min || dj > d_max) pv = 0.f;
-          }
-          float ds = pv * (dp[i] - dl);
-          if constexpr (kSoftcap) ds *= 1.f - x * x;
-          s[i] = pv;
-          dp[i] = ds;
-        }
+    // P of element i from its score x (soft-capped already), masked.
+    auto weight = [&](int i, float x) {
+      const int j = i / 4, hf = (i / 2) % 2, col = 8 * j + 2 * t + i % 2;
+      float pv = fast_exp2(fmaf(x, scale_log2, -lse_st[col]));
+      if (need_mask) {
+        const int kj = n0 + kr + 8 * hf;
+        const int dj = kj - (m0 + col);
+        if (kj >= k_len || dj < d_min || dj > d_max) pv = 0.f;
       }
+      return pv;
+    };
+    if constexpr (kSoftcap) {
+      // dS needs tanh of each score, which P overwrites: both GEMMs first, then one pass.
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < BM / 2; ++i) {
+        reg_fence(s[i]);
+        reg_fence(dp[i]);
+      }
+#pragma unroll
+      for (int i = 0; i < BM / 2; ++i) {
+        const float x = softcap_tanh(s[i] * softcap_in);
+        const float pv = weight(i, x);
+        s[i] = pv;
+        dp[i] = pv * (dp[i] - delta_st[8 * (i / 4) + 2 * t + i % 2]) * (1.f - x * x);
+      }
+    } else {
+      // P under the dP GEMM.
+      wgmma_wait<1>();
+#pragma unroll
+      for (int i = 0; i < BM / 2; ++i) reg_fence(s[i]);
+#pragma unroll
+      for (int i = 0; i < BM / 2; ++i) s[i] = weight(i, s[i]);
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < BM / 2; ++i) reg_fence(dp[i]);
+#pragma unroll
+      for (int i = 0; i < BM / 2; ++i)
+        dp[i] = s[i] * (dp[i] - delta_st[8 * (i / 4) + 2 * t + i % 2]);
     }
 
     // A fragments of P^T and dS^T (k16 step kk over the queries), and dS^T to shared memory
