@@ -29,10 +29,11 @@ namespace jax_flash {
 // The calls the Hopper backward computes exactly as the contract says: those of the mma.sync
 // backward (flash_attention_bwd_mma_supported: dtype, 16-byte alignment and row strides, which
 // TMA needs too; finite scales) with the head dims of policy::flash_bwd_hopper_head_dims_supported,
-// total_q, total_k > 0, in an sm_90a build on a compute capability 9.0 device.
+// total_q, total_k > 0, in an sm_90a build on a compute capability 9.0 device, unless
+// policy::flash_bwd_hopper_enabled() says no (JAX_FLASH_BWD_HOPPER=0).
 inline bool flash_attention_bwd_hopper_supported(const FlashBwdParams& p) {
 #if defined(JAX_FLASH_HAS_SM90A)
-  if (!flash_attention_bwd_mma_supported(p) ||
+  if (!policy::flash_bwd_hopper_enabled() || !flash_attention_bwd_mma_supported(p) ||
       !policy::flash_bwd_hopper_head_dims_supported(p.fwd.head_dim, p.fwd.head_dim_v))
     return false;
   if (p.fwd.total_q <= 0 || p.fwd.total_k <= 0) return false;

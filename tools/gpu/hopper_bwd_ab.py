@@ -1,0 +1,78 @@
+"""The two CUDA backward kernels side by side in one build: the Hopper kernel (default on compute
+capability 9.0) and the mma.sync kernel (JAX_FLASH_BWD_HOPPER=0, read by the FFI handler at each
+call), on the same inputs. Per shape: fwd+bwd TFLOP/s of each (3.5x the forward's FLOPs, causal
+half, as `python -m jax_flash.bench backward` counts), the largest relative difference of their
+dq / dk / dv, and, where it fits, each one's error against the float32 reference.
+
+    python tools/gpu/hopper_bwd_ab.py            # the issue's shapes (bf16, 32/8 heads, 4 x 4k)
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jax_flash
+from jax_flash import bench, reference
+
+SHAPES = [  # batch, seqlen, heads_q, heads_kv, head_dim, causal
+    (4, 4096, 32, 8, 128, True),
+    (4, 4096, 32, 8, 128, False),
+    (4, 4096, 32, 8, 64, True),
+    (1, 1000, 8, 2, 128, True),  # small and off the tiles: also checked against the reference
+]
+
+
+def _fwd_bwd(f):
+    def run(q, k, v, do):
+        _, vjp = jax.vjp(f, q, k, v)
+        return vjp(do)
+
+    return run
+
+
+def _rel(a, b) -> float:
+    a = np.asarray(a, np.float32)
+    b = np.asarray(b, np.float32)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def main() -> None:
+    print(jax.devices()[0].device_kind, flush=True)
+    for b, s, hq, hkv, d, causal in SHAPES:
+        keys = jax.random.split(jax.random.key(s + d), 4)
+        q = jax.random.normal(keys[0], (b, s, hq, d), jnp.bfloat16)
+        k = jax.random.normal(keys[1], (b, s, hkv, d), jnp.bfloat16)
+        v = jax.random.normal(keys[2], (b, s, hkv, d), jnp.bfloat16)
+        do = jax.random.normal(keys[3], q.shape, jnp.bfloat16)
+        flops = 3.5 * 4 * b * hq * s * s * d * (0.5 if causal else 1.0)
+        ref = None
+        if s <= 1024:
+            f32 = [x.astype(jnp.float32) for x in (q, k, v, do)]
+            attn = functools.partial(reference.attention, causal=causal)
+            ref = jax.jit(_fwd_bwd(attn))(*f32)
+        outs = {}
+        for name, env in (("hopper", "1"), ("mma.sync", "0")):
+            for det in (False, True):
+                os.environ["JAX_FLASH_BWD_HOPPER"] = env
+                fn = functools.partial(jax_flash.flash_attention, causal=causal, deterministic=det)
+                t, out = bench.loop_time(_fwd_bwd(fn), (q, k, v, do), n=10, chain=(0, 1, 2))
+                out = jax.jit(_fwd_bwd(fn))(q, k, v, do)  # unchained: comparable outputs
+                outs[name, det] = out
+                line = f"  {name:9s} det={int(det)} {flops / t / 1e12:7.1f} TFLOP/s"
+                if ref is not None:
+                    line += f"  err {max(_rel(o, r) for o, r in zip(out, ref, strict=True)):.2e}"
+                print(line, flush=True)
+        diff = max(
+            _rel(a, c) for a, c in zip(outs["hopper", False], outs["mma.sync", False], strict=True)
+        )
+        print(f"B={b} S={s} H={hq}/{hkv} D={d} causal={causal}: hopper vs mma.sync {diff:.2e}")
+    os.environ.pop("JAX_FLASH_BWD_HOPPER", None)
+
+
+if __name__ == "__main__":
+    main()
