@@ -365,8 +365,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
     }
     named_sync(1, 256);
-    // Every thread is past visit it - 1: its stage takes the loads of visit it + S - 1.
-    if (warp == 0 && it + S - 1 < items) issue_loads(it + S - 1);
 
     // dQ (unscaled) = dS K for head-dim panel cw: A = dS^T read MN-major (m = queries,
     // k = keys), B = K read MN-major (k = keys, n = 64 head-dim columns).
@@ -383,6 +381,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
       wgmma_commit();
     }
+    // Every thread is past visit it - 1: its stage takes the loads of visit it + S - 1. Here,
+    // under the GEMMs in flight, so that the first warp's wait for its lse/Delta loads delays
+    // no GEMM issue.
+    if (warp == 0 && it + S - 1 < items) issue_loads(it + S - 1);
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) {
