@@ -49,7 +49,7 @@
 namespace jax_flash::hopper {
 
 // Zeroes rows [first_row, rows) of a tile of `panels` 64-column panels of `rows` 128-byte rows
-// (panel stride `panel_bytes`), the 256 consumer threads together (ctid 0..255).
+// (panel stride `panel_bytes`), the CTA's 256 threads together (ctid 0..255).
 __device__ __forceinline__ void zero_tile_rows(uint32_t tile, int panels, int panel_bytes,
                                                int rows, int first_row, int ctid) {
   for (int i = ctid; i < (rows - first_row) * panels * 8; i += 256) {
