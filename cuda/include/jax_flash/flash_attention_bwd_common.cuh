@@ -1,19 +1,23 @@
 // Pieces shared by the CUDA attention-backward kernels (tensor-core and SIMT): the layout of the
 // launcher's workspace, the preprocessing step Delta = rowsum(dO * O) - dLSE, the float32 dQ
-// accumulator's conversion, and the mapping of a linear key-tile index onto (sequence, key
-// block) for packed calls. See flash_bwd_params.h for the contract. No XLA headers here.
+// accumulator's conversion, the steps around a tensor-core backward kernel, the mapping of a
+// linear key-tile index onto (sequence, key block) for packed calls, a key tile's visits of
+// query tiles, the mask band and the deterministic mode's turn wait. See flash_bwd_params.h for
+// the contract. No XLA headers here.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 
 #include "jax_flash/dtype.cuh"
 #include "jax_flash/flash_attention_common.cuh"
 #include "jax_flash/flash_bwd_params.h"
+#include "jax_flash/launch.cuh"
 
 namespace jax_flash {
 
@@ -136,6 +140,40 @@ cudaError_t flash_bwd_dq_convert(const FlashBwdParams& p, const float* acc, cuda
   return cudaGetLastError();
 }
 
+// The steps of a tensor-core backward (mma.sync and Hopper kernels) around its kernel: zero dk,
+// dv, the dQ accumulator and (deterministic mode) the turn counters, compute Delta, call
+// launch(ws, softcap, deterministic) when some sequence has rows (the two flags as
+// std::integral_constant: decltype(flag)::value picks the kernel variant), then convert dQ from
+// the accumulator. The workspace holds query tiles of q_block rows (flash_bwd_workspace_bytes).
+// Asynchronous on `stream`.
+template <typename T, typename Launch>
+cudaError_t run_flash_bwd_accumulated(const FlashBwdParams& p, int32_t q_block,
+                                      cudaStream_t stream, Launch&& launch) {
+  const FlashParams& f = p.fwd;
+  const FlashBwdWorkspace ws = flash_bwd_workspace(p, q_block);
+  const size_t dk_bytes = static_cast<size_t>(f.total_k) * p.dk_row_stride * sizeof(T);
+  const size_t dv_bytes = static_cast<size_t>(f.total_k) * p.dv_row_stride * sizeof(T);
+  cudaError_t err = cudaMemsetAsync(p.dk, 0, dk_bytes, stream);
+  if (err == cudaSuccess) err = cudaMemsetAsync(p.dv, 0, dv_bytes, stream);
+  if (err == cudaSuccess)
+    err = cudaMemsetAsync(ws.dq_accum, 0,
+                          sizeof(float) * static_cast<size_t>(f.total_q) * f.num_heads * f.head_dim,
+                          stream);
+  if (err == cudaSuccess && p.deterministic)
+    err = cudaMemsetAsync(ws.dq_turn, 0,
+                          sizeof(int32_t) * static_cast<size_t>(f.num_heads) * ws.q_tile_slots,
+                          stream);
+  if (err == cudaSuccess) err = flash_bwd_delta<T>(p, ws.delta, stream);
+  if (err == cudaSuccess && f.batch > 0 && f.total_q > 0 && f.total_k > 0) {
+    err = dispatch_bool(f.softcap > 0.f, [&](auto softcap) {
+      return dispatch_bool(p.deterministic,
+                           [&](auto deterministic) { return launch(ws, softcap, deterministic); });
+    });
+  }
+  if (err == cudaSuccess) err = flash_bwd_dq_convert<T>(p, ws.dq_accum, stream);
+  return err;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Key-tile scheduling: sequence b owns ceil(k_len_b / block_n) consecutive tiles, numbered
 // sequence by sequence. A whole warp finds tile `tile`'s sequence and key block, and the number
@@ -203,6 +241,88 @@ JAX_FLASH_HD void flash_tile_keys(const FlashParams& p, int32_t m0, int32_t rows
   visible_keys(p, m0 + rows - 1, q_len, k_len, &lo_last, &hi_last);
   *lo = lo_first;
   *hi = hi_last;
+}
+
+// A load that later reads of this thread cannot pass (acquire, GPU scope): the dQ turn
+// counters' reader.
+__device__ __forceinline__ int ld_acquire(const int32_t* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Deterministic mode: the dQ turn counter of (query head h, query tile m of key tile kt's
+// sequence), null past the workspace's slots. With `waiter` (one thread of the CTA), first
+// spins until the key blocks before kt's (from lo / block_n, the first key block that visits
+// the query tile) have added their dQ shares; the caller advances the counter once its own
+// shares are added.
+__device__ __forceinline__ int32_t* flash_bwd_take_dq_turn(const FlashBwdWorkspace& ws,
+                                                           const FlashKeyTile& kt, int h, int m,
+                                                           int lo, int block_n, bool waiter) {
+  const int64_t slot = kt.q_tile_base + m;
+  if (slot >= ws.q_tile_slots) return nullptr;
+  int32_t* turn = ws.dq_turn + static_cast<int64_t>(h) * ws.q_tile_slots + slot;
+  if (waiter) {
+    const int rank = kt.n - lo / block_n;
+    while (ld_acquire(turn) < rank) {
+    }
+  }
+  return turn;
+}
+
+// What a tensor-core backward CTA does for key tile `tile` (of block_n keys): for every query
+// head of its kv head's group (GQA), visit each query tile (of block_m rows) that sees one of
+// its keys. Those query tiles are consecutive (a query tile's key interval moves right with the
+// tile): per_head of them from m_first. Visit it (0 <= it < items) is query head
+// kv_head * group + it / per_head, query tile m_first + it % per_head.
+struct FlashBwdVisits {
+  FlashKeyTile kt;
+  int n0;  // first key of the tile within its sequence
+  int q_len, k_len;
+  int group;  // query heads per kv head
+  int m_first, per_head, items;
+};
+
+// Fills *out for key tile `tile` (a whole warp, as flash_find_key_tile). False past the last
+// key tile, or when no query tile sees its keys.
+__device__ __forceinline__ bool flash_bwd_find_visits(const FlashParams& p, int32_t block_n,
+                                                      int32_t block_m, int64_t tile,
+                                                      FlashBwdVisits* out) {
+  FlashKeyTile kt;
+  if (!flash_find_key_tile(p, block_n, block_m, tile, &kt)) return false;
+  const int q_len = kt.ext.q_len, k_len = kt.ext.k_len;
+  const int num_m = flash_num_q_tiles(kt.ext, block_m);
+  auto visits = [&](int m) {
+    int lo, hi;
+    flash_tile_keys(p, m * block_m, min(block_m, q_len - m * block_m), q_len, k_len, &lo, &hi);
+    return hi > lo && lo / block_n <= kt.n && kt.n <= (hi - 1) / block_n;
+  };
+  int m_first = 0;
+  while (m_first < num_m && !visits(m_first)) ++m_first;
+  int m_last = m_first;
+  while (m_last + 1 < num_m && visits(m_last + 1)) ++m_last;
+  if (m_first >= num_m) return false;
+  out->kt = kt;
+  out->n0 = kt.n * block_n;
+  out->q_len = q_len;
+  out->k_len = k_len;
+  out->group = p.num_heads / p.num_heads_k;
+  out->m_first = m_first;
+  out->per_head = m_last - m_first + 1;
+  out->items = out->group * out->per_head;
+  return true;
+}
+
+// Key j of a sequence of q_len queries and k_len keys is visible from query row i iff
+// j < k_len and *d_min <= j - i <= *d_max (flash_params.h's mask with diag = i + k_len - q_len).
+JAX_FLASH_HD void flash_diag_band(const FlashParams& p, int q_len, int k_len, int* d_min,
+                                  int* d_max) {
+  const int64_t diag_off = static_cast<int64_t>(k_len) - q_len;
+  auto clamp_int = [](int64_t x) {
+    return static_cast<int>(x < INT_MIN ? INT_MIN : (x > INT_MAX ? INT_MAX : x));
+  };
+  *d_min = p.window_left < 0 ? INT_MIN : clamp_int(diag_off - p.window_left);
+  *d_max = p.window_right < 0 ? INT_MAX : clamp_int(diag_off + p.window_right);
 }
 
 }  // namespace jax_flash

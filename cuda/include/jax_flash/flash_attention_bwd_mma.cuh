@@ -99,12 +99,6 @@ struct BwdTraits {
 template <int kHeadDim>
 using DefaultBwdTraits = BwdTraits<kHeadDim, 64, 8>;
 
-__device__ __forceinline__ int ld_acquire(const int32_t* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
 __device__ __forceinline__ void add_f32x2(float* dst, float a, float b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   atomicAdd(reinterpret_cast<float2*>(dst), make_float2(a, b));
@@ -136,28 +130,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   float* s_delta = s_lse + 2 * BM;  // both [2][BM]
 
   const int kv_head = blockIdx.y;
-  FlashKeyTile kt;
-  if (!flash_find_key_tile(f, BN, BM, blockIdx.x, &kt)) return;
-  const SeqExtent e = kt.ext;
-  const int n0 = kt.n * BN;
-  const int q_len = e.q_len, k_len = e.k_len;
-  const int num_m = flash_num_q_tiles(e, BM);
-  const int group = f.num_heads / f.num_heads_k;
-
-  // Query blocks that see a key of this block: an interval [m_first, m_last] (the key interval
-  // of a query block moves right with the block).
-  auto visits = [&](int m) {
-    int lo, hi;
-    flash_tile_keys(f, m * BM, min(BM, q_len - m * BM), q_len, k_len, &lo, &hi);
-    return hi > lo && lo / BN <= kt.n && kt.n <= (hi - 1) / BN;
-  };
-  int m_first = 0;
-  while (m_first < num_m && !visits(m_first)) ++m_first;
-  int m_last = m_first;
-  while (m_last + 1 < num_m && visits(m_last + 1)) ++m_last;
-  if (m_first >= num_m) return;  // nothing sees these keys: dk, dv stay the launcher's zeros
-  const int visits_per_head = m_last - m_first + 1;
-  const int items = group * visits_per_head;
+  FlashBwdVisits v;
+  // False past the last key tile, or when no query tile sees its keys (dk, dv then stay the
+  // launcher's zeros).
+  if (!flash_bwd_find_visits(f, BN, BM, blockIdx.x, &v)) return;
+  const SeqExtent& e = v.kt.ext;
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -179,28 +156,22 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   const ScoreScale score = score_scale<kSoftcap>(f);
   const float scale_log2 = score.scale_log2, softcap_in = score.softcap_in;
-  // Key j of the sequence is visible from query row i iff j < k_len and
-  // d_min <= j - i <= d_max (flash_params.h's mask with diag = i + k_len - q_len).
-  const int64_t off = static_cast<int64_t>(k_len) - q_len;
-  auto clamp_int = [](int64_t x) {
-    return static_cast<int>(x < INT_MIN ? INT_MIN : (x > INT_MAX ? INT_MAX : x));
-  };
-  const int d_min = f.window_left < 0 ? INT_MIN : clamp_int(off - f.window_left);
-  const int d_max = f.window_right < 0 ? INT_MAX : clamp_int(off + f.window_right);
+  int d_min, d_max;
+  flash_diag_band(f, v.q_len, v.k_len, &d_min, &d_max);
 
   const T* q_base = static_cast<const T*>(f.q) + static_cast<int64_t>(e.q_start) * f.q_row_stride;
   const T* do_base =
       static_cast<const T*>(p.dout) + static_cast<int64_t>(e.q_start) * p.dout_row_stride;
 
-  auto head_of = [&](int it) { return kv_head * group + it / visits_per_head; };
-  auto block_of = [&](int it) { return m_first + it % visits_per_head; };
+  auto head_of = [&](int it) { return kv_head * v.group + it / v.per_head; };
+  auto block_of = [&](int it) { return v.m_first + it % v.per_head; };
   auto load_q_do = [&](int it, int buf) {
     const int h = head_of(it);
     const int m0 = block_of(it) * BM;
     load_tile<Tr, BM, true, false>(sQ + buf * Tr::kSmemQ, q_base + static_cast<int64_t>(h) * D,
-                            f.q_row_stride, m0, q_len, Tr::kChunks, tid);
+                            f.q_row_stride, m0, v.q_len, Tr::kChunks, tid);
     load_tile<Tr, BM, true, false>(sdO + buf * Tr::kSmemQ, do_base + static_cast<int64_t>(h) * D,
-                            p.dout_row_stride, m0, q_len, Tr::kChunks, tid);
+                            p.dout_row_stride, m0, v.q_len, Tr::kChunks, tid);
   };
   // lse in log2 units, +inf for rows past the sequence and rows that saw no key (lse = -inf):
   // their weights are exp2(-inf) = 0.
@@ -209,7 +180,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const int row = block_of(it) * BM + tid;
     *lse2 = INFINITY;
     *delta = 0.f;
-    if (tid < BM && row < q_len) {
+    if (tid < BM && row < v.q_len) {
       const int64_t at = static_cast<int64_t>(h) * f.total_q + e.q_start + row;
       const float l = f.lse[at];
       *lse2 = l == -INFINITY ? INFINITY : l * kLog2e;
@@ -221,10 +192,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const int64_t kv_off = static_cast<int64_t>(kv_head) * D;
     load_tile<Tr, BN, true, false>(sK, static_cast<const T*>(f.k) +
                                     static_cast<int64_t>(e.k_start) * f.k_row_stride + kv_off,
-                            f.k_row_stride, n0, k_len, Tr::kChunks, tid);
+                            f.k_row_stride, v.n0, v.k_len, Tr::kChunks, tid);
     load_tile<Tr, BN, true, false>(sV, static_cast<const T*>(f.v) +
                                     static_cast<int64_t>(e.k_start) * f.v_row_stride + kv_off,
-                            f.v_row_stride, n0, k_len, Tr::kChunks, tid);
+                            f.v_row_stride, v.n0, v.k_len, Tr::kChunks, tid);
     load_q_do(0, 0);
     cp_async_commit();
     float l, d;
@@ -243,7 +214,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
 
   int32_t* pending_turn = nullptr;  // deterministic: the counter to advance after a barrier
-  for (int it = 0; it < items; ++it) {
+  for (int it = 0; it < v.items; ++it) {
     const int buf = it & 1;
     const int h = head_of(it);
     const int m = block_of(it);
@@ -261,7 +232,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       pending_turn = nullptr;
     }
     float next_lse = INFINITY, next_delta = 0.f;
-    if (it + 1 < items) {
+    if (it + 1 < v.items) {
       load_q_do(it + 1, buf ^ 1);
       read_lse(it + 1, &next_lse, &next_delta);
     }
@@ -293,11 +264,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
     // P^T and dS^T (s becomes P^T, dp becomes dS^T).
     int lo, hi;
-    flash_tile_keys(f, m0, min(BM, q_len - m0), q_len, k_len, &lo, &hi);
+    flash_tile_keys(f, m0, min(BM, v.q_len - m0), v.q_len, v.k_len, &lo, &hi);
     int lo_last, hi_first, unused;
-    visible_keys(f, m0 + min(BM, q_len - m0) - 1, q_len, k_len, &lo_last, &unused);
-    visible_keys(f, m0, q_len, k_len, &unused, &hi_first);
-    const bool need_mask = n0 < lo_last || n0 + BN > hi_first;
+    visible_keys(f, m0 + min(BM, v.q_len - m0) - 1, v.q_len, v.k_len, &lo_last, &unused);
+    visible_keys(f, m0, v.q_len, v.k_len, &unused, &hi_first);
+    const bool need_mask = v.n0 < lo_last || v.n0 + BN > hi_first;
     const float* lse_cur = s_lse + buf * BM;
     const float* delta_cur = s_delta + buf * BM;
 #pragma unroll
@@ -314,9 +285,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           if constexpr (kSoftcap) x = softcap_tanh(x * softcap_in);
           float pv = fast_exp2(fmaf(x, scale_log2, -l2));
           if (need_mask) {
-            const int j = n0 + kr0 + g + 8 * hf;
+            const int j = v.n0 + kr0 + g + 8 * hf;
             const int dj = j - (m0 + col);
-            if (j >= k_len || dj < d_min || dj > d_max) pv = 0.f;
+            if (j >= v.k_len || dj < d_min || dj > d_max) pv = 0.f;
           }
           float ds = pv * (dp[nt][i] - dl);
           if constexpr (kSoftcap) ds *= 1.f - x * x;
@@ -362,17 +333,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // Deterministic: wait until the key blocks before this one have added their dQ shares of
     // this (head, query block): lo / BN is the first key block that visits it.
     int32_t* turn = nullptr;
-    if constexpr (kDeterministic) {
-      const int64_t slot = kt.q_tile_base + m;
-      if (slot < ws.q_tile_slots) {
-        turn = ws.dq_turn + static_cast<int64_t>(h) * ws.q_tile_slots + slot;
-        if (tid == 0) {
-          const int rank = kt.n - lo / BN;
-          while (ld_acquire(turn) < rank) {
-          }
-        }
-      }
-    }
+    if constexpr (kDeterministic) turn = flash_bwd_take_dq_turn(ws, v.kt, h, m, lo, BN, tid == 0);
     __syncthreads();  // dS^T staged
 
     // dQ (unscaled) += dS K: rows 16 * (warp % (BM/16)), columns kDqCols * (warp / (BM/16)).
@@ -405,8 +366,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       const int64_t row8 = int64_t{8} * f.num_heads * D;
 #pragma unroll
       for (int i = 0; i < kDqT; ++i) {
-        if (r < q_len) add_f32x2(dst + i * 8, dq[i][0], dq[i][1]);
-        if (r + 8 < q_len) add_f32x2(dst + row8 + i * 8, dq[i][2], dq[i][3]);
+        if (r < v.q_len) add_f32x2(dst + i * 8, dq[i][0], dq[i][1]);
+        if (r + 8 < v.q_len) add_f32x2(dst + row8 + i * 8, dq[i][2], dq[i][3]);
       }
     }
     if constexpr (kDeterministic) {
@@ -434,16 +395,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
   }
   __syncwarp();
-  T* dk = static_cast<T*>(p.dk) + (static_cast<int64_t>(e.k_start) + n0 + kr0) * p.dk_row_stride +
+  T* dk = static_cast<T*>(p.dk) + (static_cast<int64_t>(e.k_start) + v.n0 + kr0) * p.dk_row_stride +
           static_cast<int64_t>(kv_head) * D;
-  T* dv = static_cast<T*>(p.dv) + (static_cast<int64_t>(e.k_start) + n0 + kr0) * p.dv_row_stride +
+  T* dv = static_cast<T*>(p.dv) + (static_cast<int64_t>(e.k_start) + v.n0 + kr0) * p.dv_row_stride +
           static_cast<int64_t>(kv_head) * D;
 #pragma unroll
   for (int i = 0; i < 16 * Tr::kChunks / 32; ++i) {
     const int idx = lane + 32 * i;
     const int r = idx / Tr::kChunks;
     const int c = idx % Tr::kChunks;
-    if (n0 + kr0 + r < k_len) {
+    if (v.n0 + kr0 + r < v.k_len) {
       *reinterpret_cast<uint4*>(dk + static_cast<int64_t>(r) * p.dk_row_stride + c * 8) =
           ld_shared_v4(sK + swizzle<Tr::kChunks>(kr0 + r, c));
       *reinterpret_cast<uint4*>(dv + static_cast<int64_t>(r) * p.dv_row_stride + c * 8) =
@@ -475,31 +436,11 @@ cudaError_t run_flash_attention_bwd_mma(const FlashBwdParams& p, cudaStream_t st
   static_assert(kIsHalfOrBFloat16<T>, "float16 or bfloat16");
   using Tr = mma_bwd::DefaultBwdTraits<kHeadDim>;
   static_assert(Tr::kBlockM == kBwdMmaBlockM, "the workspace is sized with kBwdMmaBlockM");
-  const FlashParams& f = p.fwd;
-  const FlashBwdWorkspace ws = flash_bwd_workspace(p, Tr::kBlockM);
-  const size_t dk_bytes = static_cast<size_t>(f.total_k) * p.dk_row_stride * sizeof(T);
-  const size_t dv_bytes = static_cast<size_t>(f.total_k) * p.dv_row_stride * sizeof(T);
-  cudaError_t err = cudaMemsetAsync(p.dk, 0, dk_bytes, stream);
-  if (err == cudaSuccess) err = cudaMemsetAsync(p.dv, 0, dv_bytes, stream);
-  if (err == cudaSuccess)
-    err = cudaMemsetAsync(ws.dq_accum, 0,
-                          sizeof(float) * static_cast<size_t>(f.total_q) * f.num_heads * kHeadDim,
-                          stream);
-  if (err == cudaSuccess && p.deterministic)
-    err = cudaMemsetAsync(ws.dq_turn, 0,
-                          sizeof(int32_t) * static_cast<size_t>(f.num_heads) * ws.q_tile_slots,
-                          stream);
-  if (err == cudaSuccess) err = flash_bwd_delta<T>(p, ws.delta, stream);
-  if (err == cudaSuccess && f.batch > 0 && f.total_q > 0 && f.total_k > 0) {
-    err = dispatch_bool(f.softcap > 0.f, [&](auto softcap_c) {
-      return dispatch_bool(p.deterministic, [&](auto deterministic_c) {
-        return mma_bwd::launch_flash_bwd_mma<T, Tr, decltype(softcap_c)::value,
-                                             decltype(deterministic_c)::value>(p, ws, stream);
+  return run_flash_bwd_accumulated<T>(
+      p, Tr::kBlockM, stream, [&](const FlashBwdWorkspace& ws, auto softcap, auto deterministic) {
+        return mma_bwd::launch_flash_bwd_mma<T, Tr, decltype(softcap)::value,
+                                             decltype(deterministic)::value>(p, ws, stream);
       });
-    });
-  }
-  if (err == cudaSuccess) err = flash_bwd_dq_convert<T>(p, ws.dq_accum, stream);
-  return err;
 }
 
 extern template cudaError_t run_flash_attention_bwd_mma<__half, 64>(const FlashBwdParams&,

@@ -98,29 +98,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int wg = warp >> 2;
 
   const int kv_head = blockIdx.y;
-  FlashKeyTile kt;
-  if (!flash_find_key_tile(f, BN, BM, blockIdx.x, &kt)) return;
-  const SeqExtent e = kt.ext;
-  const int n0 = kt.n * BN;
-  const int q_len = e.q_len, k_len = e.k_len;
-  const int num_m = flash_num_q_tiles(e, BM);
-  const int group = f.num_heads / f.num_heads_k;
-
-  // Query blocks that see a key of this block: an interval [m_first, m_last].
-  auto visits = [&](int m) {
-    int lo, hi;
-    flash_tile_keys(f, m * BM, min(BM, q_len - m * BM), q_len, k_len, &lo, &hi);
-    return hi > lo && lo / BN <= kt.n && kt.n <= (hi - 1) / BN;
-  };
-  int m_first = 0;
-  while (m_first < num_m && !visits(m_first)) ++m_first;
-  int m_last = m_first;
-  while (m_last + 1 < num_m && visits(m_last + 1)) ++m_last;
-  if (m_first >= num_m) return;  // nothing sees these keys: dk, dv stay the launcher's zeros
-  const int visits_per_head = m_last - m_first + 1;
-  const int items = group * visits_per_head;
-  auto head_of = [&](int it) { return kv_head * group + it / visits_per_head; };
-  auto block_of = [&](int it) { return m_first + it % visits_per_head; };
+  FlashBwdVisits v;
+  // False past the last key tile, or when no query tile sees its keys (dk, dv then stay the
+  // launcher's zeros).
+  if (!flash_bwd_find_visits(f, BN, BM, blockIdx.x, &v)) return;
+  const SeqExtent& e = v.kt.ext;
+  auto head_of = [&](int it) { return kv_head * v.group + it / v.per_head; };
+  auto block_of = [&](int it) { return v.m_first + it % v.per_head; };
 
   if (tid == 0) {
     mbar_init(kv_full, 1);
@@ -140,7 +124,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const int m0 = block_of(it) * BM;
     for (int r = lane; r < BM; r += 32) {
       float l2 = INFINITY, dl = 0.f;
-      if (m0 + r < q_len) {
+      if (m0 + r < v.q_len) {
         const int64_t at = static_cast<int64_t>(h) * f.total_q + e.q_start + m0 + r;
         const float l = f.lse[at];
         l2 = l == -INFINITY ? INFINITY : l * kLog2e;
@@ -171,11 +155,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       mbar_arrive_expect_tx(kv_full, 2 * Tr::kSmemKV);
 #pragma unroll
       for (int c = 0; c < Tr::kPanels; ++c) {
-        tma_load_3d(sK + c * Tr::kPanelKV, &tm_k, kv_full, c * 64, kv_head, e.k_start + n0);
-        tma_load_3d(sV + c * Tr::kPanelKV, &tm_v, kv_full, c * 64, kv_head, e.k_start + n0);
+        tma_load_3d(sK + c * Tr::kPanelKV, &tm_k, kv_full, c * 64, kv_head, e.k_start + v.n0);
+        tma_load_3d(sV + c * Tr::kPanelKV, &tm_v, kv_full, c * 64, kv_head, e.k_start + v.n0);
       }
     }
-    for (int it = 0; it < S - 1 && it < items; ++it) issue_loads(it);
+    for (int it = 0; it < S - 1 && it < v.items; ++it) issue_loads(it);
   }
 
   const int cw = wg;           // warpgroup: keys 64 cw .. 64 cw + 63 of the block
@@ -186,19 +170,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   const ScoreScale score = score_scale<kSoftcap>(f);
   const float scale_log2 = score.scale_log2, softcap_in = score.softcap_in;
-  // Key j of the sequence is visible from query row i iff j < k_len and
-  // d_min <= j - i <= d_max (flash_params.h's mask with diag = i + k_len - q_len).
-  const int64_t diag_off = static_cast<int64_t>(k_len) - q_len;
-  auto clamp_int = [](int64_t x) {
-    return static_cast<int>(x < INT_MIN ? INT_MIN : (x > INT_MAX ? INT_MAX : x));
-  };
-  const int d_min = f.window_left < 0 ? INT_MIN : clamp_int(diag_off - f.window_left);
-  const int d_max = f.window_right < 0 ? INT_MAX : clamp_int(diag_off + f.window_right);
+  int d_min, d_max;
+  flash_diag_band(f, v.q_len, v.k_len, &d_min, &d_max);
 
   mbar_wait(kv_full, 0);
-  if (n0 + BN > k_len) {
-    zero_tile_rows(sK, Tr::kPanels, Tr::kPanelKV, BN, k_len - n0, ctid);
-    zero_tile_rows(sV, Tr::kPanels, Tr::kPanelKV, BN, k_len - n0, ctid);
+  if (v.n0 + BN > v.k_len) {
+    zero_tile_rows(sK, Tr::kPanels, Tr::kPanelKV, BN, v.k_len - v.n0, ctid);
+    zero_tile_rows(sV, Tr::kPanels, Tr::kPanelKV, BN, v.k_len - v.n0, ctid);
     fence_proxy_async();
     named_sync(1, 256);
   }
@@ -210,13 +188,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const uint32_t k_rows = sK + 64 * cw * 128;  // this warpgroup's 64 keys (K-major A)
   const uint32_t v_rows = sV + 64 * cw * 128;
 
-  for (int it = 0; it < items; ++it) {
+  for (int it = 0; it < v.items; ++it) {
     const int stage = it % S;
     const int phase = (it / S) & 1;
     const int h = head_of(it);
     const int m = block_of(it);
     const int m0 = m * BM;
-    const int rows = min(BM, q_len - m0);
+    const int rows = min(BM, v.q_len - m0);
     const uint32_t q_st = sQ + stage * Tr::kSmemQ;
     const uint32_t do_st = sdO + stage * Tr::kSmemQ;
     const uint32_t ds_buf = sdS + (it & 1) * Tr::kSmemDs;
@@ -231,11 +209,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
     // S^T = K Q^T and dP^T = V dO^T: this warpgroup's 64 keys x BM queries.
     float s[BM / 2], dp[BM / 2];
-#pragma unroll
-    for (int i = 0; i < BM / 2; ++i) {
-      reg_fence(s[i]);
-      reg_fence(dp[i]);
-    }
+    reg_fence(s);
+    reg_fence(dp);
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < D / 16; ++k) {
@@ -257,11 +232,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // P^T and dS^T (s becomes P^T, dp becomes dS^T). Element i of a fragment: key row
     // kr + 8 * (i / 2 % 2), query column 8 * (i / 4) + 2 * t + i % 2.
     int lo, hi;
-    flash_tile_keys(f, m0, rows, q_len, k_len, &lo, &hi);
+    flash_tile_keys(f, m0, rows, v.q_len, v.k_len, &lo, &hi);
     int lo_last, hi_first, unused;
-    visible_keys(f, m0 + rows - 1, q_len, k_len, &lo_last, &unused);
-    visible_keys(f, m0, q_len, k_len, &unused, &hi_first);
-    const bool need_mask = n0 < lo_last || n0 + BN > hi_first;
+    visible_keys(f, m0 + rows - 1, v.q_len, v.k_len, &lo_last, &unused);
+    visible_keys(f, m0, v.q_len, v.k_len, &unused, &hi_first);
+    const bool need_mask = v.n0 < lo_last || v.n0 + BN > hi_first;
     const float* lse_st = s_lse + stage * BM;
     const float* delta_st = s_delta + stage * BM;
     // P of element i from its score x (soft-capped already), masked.
@@ -269,20 +244,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       const int j = i / 4, hf = (i / 2) % 2, col = 8 * j + 2 * t + i % 2;
       float pv = fast_exp2(fmaf(x, scale_log2, -lse_st[col]));
       if (need_mask) {
-        const int kj = n0 + kr + 8 * hf;
+        const int kj = v.n0 + kr + 8 * hf;
         const int dj = kj - (m0 + col);
-        if (kj >= k_len || dj < d_min || dj > d_max) pv = 0.f;
+        if (kj >= v.k_len || dj < d_min || dj > d_max) pv = 0.f;
       }
       return pv;
     };
     if constexpr (kSoftcap) {
       // dS needs tanh of each score, which P overwrites: both GEMMs first, then one pass.
       wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < BM / 2; ++i) {
-        reg_fence(s[i]);
-        reg_fence(dp[i]);
-      }
+      reg_fence(s);
+      reg_fence(dp);
 #pragma unroll
       for (int i = 0; i < BM / 2; ++i) {
         const float x = softcap_tanh(s[i] * softcap_in);
@@ -293,13 +265,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     } else {
       // P under the dP GEMM.
       wgmma_wait<1>();
-#pragma unroll
-      for (int i = 0; i < BM / 2; ++i) reg_fence(s[i]);
+      reg_fence(s);
 #pragma unroll
       for (int i = 0; i < BM / 2; ++i) s[i] = weight(i, s[i]);
       wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < BM / 2; ++i) reg_fence(dp[i]);
+      reg_fence(dp);
 #pragma unroll
       for (int i = 0; i < BM / 2; ++i)
         dp[i] = s[i] * (dp[i] - delta_st[8 * (i / 4) + 2 * t + i % 2]);
@@ -327,19 +297,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
 
     // dV += P^T dO, dK += dS^T Q (dO / Q read MN-major: k = query rows, n = head dim).
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) {
-      reg_fence(acc_dk[i]);
-      reg_fence(acc_dv[i]);
-    }
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        reg_fence(pa[kk][q]);
-        reg_fence(da[kk][q]);
-      }
-    }
+    // fence_dkv: the registers these GEMMs read and write, pinned around their issue and wait.
+    auto fence_dkv = [&] {
+      reg_fence(acc_dk);
+      reg_fence(acc_dv);
+      reg_fence(pa);
+      reg_fence(da);
+    };
+    fence_dkv();
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BM / 16; ++kk) {
@@ -353,25 +318,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // first that visits it).
     fence_proxy_async();
     int32_t* turn = nullptr;
-    if constexpr (kDeterministic) {
-      const int64_t slot = kt.q_tile_base + m;
-      if (slot < ws.q_tile_slots) {
-        turn = ws.dq_turn + static_cast<int64_t>(h) * ws.q_tile_slots + slot;
-        if (ctid == 0) {
-          const int rank = kt.n - lo / BN;
-          while (mma_bwd::ld_acquire(turn) < rank) {
-          }
-        }
-      }
-    }
+    if constexpr (kDeterministic) turn = flash_bwd_take_dq_turn(ws, v.kt, h, m, lo, BN, ctid == 0);
     named_sync(1, 256);
 
     // dQ (unscaled) = dS K for head-dim panel cw: A = dS^T read MN-major (m = queries,
     // k = keys), B = K read MN-major (k = keys, n = 64 head-dim columns).
     float dq[32];
     if (cw < Tr::kDqWarpgroups) {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) reg_fence(dq[i]);
+      reg_fence(dq);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {
@@ -384,24 +338,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // Every thread is past visit it - 1: its stage takes the loads of visit it + S - 1. Here,
     // under the GEMMs in flight, so that the first warp's wait for its lse/Delta loads delays
     // no GEMM issue.
-    if (warp == 0 && it + S - 1 < items) issue_loads(it + S - 1);
+    if (warp == 0 && it + S - 1 < v.items) issue_loads(it + S - 1);
     wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) {
-      reg_fence(acc_dk[i]);
-      reg_fence(acc_dv[i]);
-    }
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        reg_fence(pa[kk][q]);
-        reg_fence(da[kk][q]);
-      }
-    }
+    fence_dkv();
     if (cw < Tr::kDqWarpgroups) {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) reg_fence(dq[i]);
+      reg_fence(dq);
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int r = 16 * (warp & 3) + g + 8 * hf;
@@ -429,8 +370,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int r = kr + 8 * hf;
-    if (n0 + r < k_len) {
-      const int64_t row = static_cast<int64_t>(e.k_start) + n0 + r;
+    if (v.n0 + r < v.k_len) {
+      const int64_t row = static_cast<int64_t>(e.k_start) + v.n0 + r;
 #pragma unroll
       for (int j = 0; j < D / 8; ++j) {
         *reinterpret_cast<uint32_t*>(dk + row * p.dk_row_stride + 8 * j) =

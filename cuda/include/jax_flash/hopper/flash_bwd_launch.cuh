@@ -13,8 +13,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <type_traits>
 
+#include "jax_flash/dtype.cuh"
 #include "jax_flash/flash_attention_bwd_common.cuh"
 #include "jax_flash/flash_attention_bwd_mma.cuh"
 #include "jax_flash/flash_bwd_params.h"
@@ -29,24 +29,14 @@ namespace jax_flash {
 // The calls the Hopper backward computes exactly as the contract says: those of the mma.sync
 // backward (flash_attention_bwd_mma_supported: dtype, 16-byte alignment and row strides, which
 // TMA needs too; finite scales) with the head dims of policy::flash_bwd_hopper_head_dims_supported,
-// total_q, total_k > 0, in an sm_90a build on a compute capability 9.0 device, unless
-// policy::flash_bwd_hopper_enabled() says no (JAX_FLASH_BWD_HOPPER=0).
+// total_q, total_k > 0, in an sm_90a build on a compute capability 9.0 device. (Whether a call
+// that it takes runs it is the call's launch choice, the handler's hopper_kernel attribute.)
 inline bool flash_attention_bwd_hopper_supported(const FlashBwdParams& p) {
-#if defined(JAX_FLASH_HAS_SM90A)
-  if (!policy::flash_bwd_hopper_enabled() || !flash_attention_bwd_mma_supported(p) ||
+  if (!flash_attention_bwd_mma_supported(p) ||
       !policy::flash_bwd_hopper_head_dims_supported(p.fwd.head_dim, p.fwd.head_dim_v))
     return false;
   if (p.fwd.total_q <= 0 || p.fwd.total_k <= 0) return false;
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
-    return false;
-  return major == 9 && minor == 0;
-#else
-  (void)p;
-  return false;
-#endif
+  return hopper::sm90a_code_runs_here();
 }
 
 namespace hopper {
@@ -56,18 +46,12 @@ cudaError_t launch_flash_bwd_hopper(const FlashBwdParams& p, const FlashBwdWorks
                                     const CUtensorMap& tm_q, const CUtensorMap& tm_k,
                                     const CUtensorMap& tm_v, const CUtensorMap& tm_do,
                                     cudaStream_t stream) {
-  auto kernel = flash_bwd_hopper_kernel<T, Tr, kSoftcap, kDeterministic>;
-  cudaError_t err = ensure_smem_attrs<flash_bwd_hopper_kernel<T, Tr, kSoftcap, kDeterministic>>(
-      Tr::kSmemBytes);
-  if (err != cudaSuccess) return err;
   // grid.x: the key blocks of all sequences in order (lowest first: the deterministic mode's
   // turn-order predecessors of a block are scheduled before it), grid.y: kv heads.
-  int64_t tiles = (static_cast<int64_t>(p.fwd.total_k) + Tr::kBlockN - 1) / Tr::kBlockN +
-                  p.fwd.batch;
-  if (tiles > INT32_MAX) tiles = INT32_MAX;
+  const int64_t tiles = tile_slots(p.fwd.total_k, p.fwd.batch, Tr::kBlockN);
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.fwd.num_heads_k));
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, ws, tm_q, tm_k, tm_v, tm_do);
-  return cudaGetLastError();
+  return launch_with_smem<flash_bwd_hopper_kernel<T, Tr, kSoftcap, kDeterministic>>(
+      grid, Tr::kThreads, Tr::kSmemBytes, stream, p, ws, tm_q, tm_k, tm_v, tm_do);
 }
 
 }  // namespace hopper
@@ -81,8 +65,7 @@ cudaError_t launch_flash_bwd_hopper(const FlashBwdParams& p, const FlashBwdWorks
 // synchronizes or allocates.
 template <typename T, int kHeadDim>
 cudaError_t run_flash_attention_bwd_hopper(const FlashBwdParams& p, cudaStream_t stream) {
-  static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>,
-                "float16 or bfloat16");
+  static_assert(kIsHalfOrBFloat16<T>, "float16 or bfloat16");
   using Tr = hopper::HopperBwdTraits<kHeadDim>;
   static_assert(Tr::kBlockM == kBwdMmaBlockM, "the workspace is sized with kBwdMmaBlockM");
   const FlashParams& f = p.fwd;
@@ -96,37 +79,12 @@ cudaError_t run_flash_attention_bwd_hopper(const FlashBwdParams& p, cudaStream_t
       !hopper::make_tensor_map(&tm_v, f.v, f.dtype, f.head_dim_v, f.num_heads_k, f.total_k,
                                f.v_row_stride, Tr::kBlockN))
     return cudaErrorNotSupported;
-  const FlashBwdWorkspace ws = flash_bwd_workspace(p, Tr::kBlockM);
-  const size_t dk_bytes = static_cast<size_t>(f.total_k) * p.dk_row_stride * sizeof(T);
-  const size_t dv_bytes = static_cast<size_t>(f.total_k) * p.dv_row_stride * sizeof(T);
-  cudaError_t err = cudaMemsetAsync(p.dk, 0, dk_bytes, stream);
-  if (err == cudaSuccess) err = cudaMemsetAsync(p.dv, 0, dv_bytes, stream);
-  if (err == cudaSuccess)
-    err = cudaMemsetAsync(ws.dq_accum, 0,
-                          sizeof(float) * static_cast<size_t>(f.total_q) * f.num_heads * kHeadDim,
-                          stream);
-  if (err == cudaSuccess && p.deterministic)
-    err = cudaMemsetAsync(ws.dq_turn, 0,
-                          sizeof(int32_t) * static_cast<size_t>(f.num_heads) * ws.q_tile_slots,
-                          stream);
-  if (err == cudaSuccess) err = flash_bwd_delta<T>(p, ws.delta, stream);
-  if (err == cudaSuccess && f.batch > 0) {
-    using hopper::launch_flash_bwd_hopper;
-    if (f.softcap > 0.f) {
-      err = p.deterministic
-                ? launch_flash_bwd_hopper<T, Tr, true, true>(p, ws, tm_q, tm_k, tm_v, tm_do, stream)
-                : launch_flash_bwd_hopper<T, Tr, true, false>(p, ws, tm_q, tm_k, tm_v, tm_do,
-                                                              stream);
-    } else {
-      err = p.deterministic
-                ? launch_flash_bwd_hopper<T, Tr, false, true>(p, ws, tm_q, tm_k, tm_v, tm_do,
-                                                              stream)
-                : launch_flash_bwd_hopper<T, Tr, false, false>(p, ws, tm_q, tm_k, tm_v, tm_do,
-                                                               stream);
-    }
-  }
-  if (err == cudaSuccess) err = flash_bwd_dq_convert<T>(p, ws.dq_accum, stream);
-  return err;
+  return run_flash_bwd_accumulated<T>(
+      p, Tr::kBlockM, stream, [&](const FlashBwdWorkspace& ws, auto softcap, auto deterministic) {
+        return hopper::launch_flash_bwd_hopper<T, Tr, decltype(softcap)::value,
+                                               decltype(deterministic)::value>(
+            p, ws, tm_q, tm_k, tm_v, tm_do, stream);
+      });
 }
 
 // Instantiated in the files flash_attention_bwd_hopper_{f16,bf16}.cu that

@@ -33,7 +33,6 @@ namespace jax_flash {
 //  - q, k, v, o 16-byte aligned, row strides multiples of 8 elements (TMA's 16-byte strides);
 //    lse 4-byte aligned or null.
 inline bool flash_attention_hopper_supported(const FlashParams& p) {
-#if defined(JAX_FLASH_HAS_SM90A)
   if (policy::flash_kernel_choice(p.dtype, p.head_dim, p.head_dim_v, p.softmax_scale,
                                   p.softcap) != policy::FlashChoice::kTensorCore ||
       !policy::flash_hopper_head_dims_supported(p.head_dim, p.head_dim_v))
@@ -46,16 +45,7 @@ inline bool flash_attention_hopper_supported(const FlashParams& p) {
   if (p.q_row_stride % 8 != 0 || p.k_row_stride % 8 != 0 || p.v_row_stride % 8 != 0 ||
       p.o_row_stride % 8 != 0)
     return false;
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
-    return false;
-  return major == 9 && minor == 0;
-#else
-  (void)p;
-  return false;
-#endif
+  return hopper::sm90a_code_runs_here();
 }
 
 namespace hopper {

@@ -94,6 +94,12 @@ __device__ __forceinline__ void wgmma_wait() {
 // Keeps the compiler from moving accesses of an accumulator register across wgmma issue/wait.
 __device__ __forceinline__ void reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 __device__ __forceinline__ void reg_fence(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
+// Every register of an accumulator or fragment array (arrays of arrays too).
+template <typename R, int N>
+__device__ __forceinline__ void reg_fence(R (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) reg_fence(r[i]);
+}
 
 // Shared-memory matrix descriptor of a 128-byte-swizzled operand (rows of 128 bytes, 8-row
 // atoms of 1024 bytes, atoms 1024-aligned). `lbo` / `sbo` in bytes: for a K-major operand sbo is

@@ -1,5 +1,6 @@
-// TMA descriptors (CUtensorMap) over the packed [rows, heads, cols] tensors of the Hopper
-// kernels (prefill and backward): host side, encoded through the driver entry point.
+// Host side shared by the Hopper kernels' launchers (prefill and backward): whether their sm_90a
+// code runs here, and the TMA descriptors (CUtensorMap) over their packed
+// [rows, heads, cols] tensors, encoded through the driver entry point.
 #pragma once
 
 #include <cuda.h>
@@ -11,6 +12,22 @@
 #include "jax_flash/dtype.h"
 
 namespace jax_flash::hopper {
+
+// Whether the Hopper kernels can run on the current device: a build with sm_90a code (CMake
+// defines JAX_FLASH_HAS_SM90A when "90a" is among the CUDA architectures) and a device of
+// compute capability 9.0 (sm_90a code runs there only).
+inline bool sm90a_code_runs_here() {
+#if defined(JAX_FLASH_HAS_SM90A)
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+    return false;
+  return major == 9 && minor == 0;
+#else
+  return false;
+#endif
+}
 
 // A 3-d tensor map over a packed [rows, heads, cols] tensor (row stride `row_stride` elements,
 // heads contiguous), boxes of 64 columns x 1 head x box_rows rows, 128-byte swizzled; elements
