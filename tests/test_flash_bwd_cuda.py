@@ -13,6 +13,8 @@ import pytest
 from conftest import CUDA_SKIP
 
 from jax_flash import reference
+from jax_flash.primitives import flash_attention_bwd as bwd
+from jax_flash.primitives.flash_attention import default_bwd_launch
 
 from _util import randn, rel_err
 
@@ -21,34 +23,21 @@ pytestmark = pytest.mark.skipif(CUDA_SKIP is not None, reason=str(CUDA_SKIP))
 TARGET = "jax_flash_flash_attention_bwd_cuda"
 
 
-def _bwd(q, k, v, o, lse, do, dlse, starts, cfg, deterministic):
+def _bwd(q, k, v, o, lse, do, dlse, starts, cfg, deterministic, launch=None):
+    """The FFI call with the attributes the primitive's lowering gives it; launch: a
+    FlashBwdLaunch (which backward kernel runs on Hopper), default_bwd_launch() if None."""
     qs, qe, ks, ke = (jnp.asarray(x, jnp.int32) for x in starts)
     out = (
         jax.ShapeDtypeStruct(q.shape, q.dtype),
         jax.ShapeDtypeStruct(k.shape, k.dtype),
         jax.ShapeDtypeStruct(v.shape, v.dtype),
     )
+    config = bwd.FlashConfig(
+        **cfg, fill_uncovered=True, implementation="cuda", deterministic=deterministic,
+        _bwd_launch=launch or default_bwd_launch(),
+    )  # fmt: skip
     call = jax.ffi.ffi_call(TARGET, out)
-    return call(
-        q,
-        k,
-        v,
-        o,
-        lse,
-        do,
-        dlse,
-        qs,
-        qe,
-        ks,
-        ke,
-        softmax_scale=np.float32(cfg["softmax_scale"]),
-        softcap=np.float32(cfg["softcap"]),
-        window_left=np.int32(cfg["window_left"]),
-        window_right=np.int32(cfg["window_right"]),
-        max_seqlen_q=np.int32(cfg["max_seqlen_q"]),
-        fill_uncovered=np.int32(1),
-        deterministic=np.int32(deterministic),
-    )
+    return call(q, k, v, o, lse, do, dlse, qs, qe, ks, ke, **bwd._ffi_attrs(config))
 
 
 def _tolerance(dtype):
@@ -57,8 +46,10 @@ def _tolerance(dtype):
     return max(4.0 * float(jnp.finfo(dtype).eps), 1e-5)
 
 
-def _check(rng, dtype, lens_q, lens_k, hq, hkv, d, dv, cfg, *, gap=0, dlse_scale=1.0):
-    """Sequences of lengths lens_q / lens_k packed with `gap` unowned rows after each."""
+def _check(rng, dtype, lens_q, lens_k, hq, hkv, d, dv, cfg, *, gap=0, dlse_scale=1.0, launch=None):
+    """Sequences of lengths lens_q / lens_k packed with `gap` unowned rows after each (launch:
+    as _bwd's). Returns the inputs of the call (q, k, v, o, lse, do, dlse, starts, cfg) and its
+    gradients."""
     starts_q, starts_k, pos_q, pos_k = [], [], 0, 0
     for lq, lk in zip(lens_q, lens_k, strict=True):
         starts_q.append(pos_q)
@@ -87,7 +78,7 @@ def _check(rng, dtype, lens_q, lens_k, hq, hkv, d, dv, cfg, *, gap=0, dlse_scale
     # except where it makes NaN of them.
     want = [jnp.nan_to_num(w) for w in want]
 
-    got = _bwd(q, k, v, o.astype(dtype), lse, do, dlse, starts, cfg, False)
+    got = _bwd(q, k, v, o.astype(dtype), lse, do, dlse, starts, cfg, False, launch)
     for name, g, w in zip(("dq", "dk", "dv"), got, want, strict=True):
         err = rel_err(g, w)
         assert err <= _tolerance(dtype), (name, err)
@@ -138,13 +129,19 @@ def test_simt(rng, dtype, d, dv, case):
 def test_deterministic(rng, d):
     cfg = dict(softmax_scale=1.0 / np.sqrt(d), softcap=0.0, window_left=-1, window_right=0)
     args = _check(rng, jnp.dtype("bfloat16"), [300, 133], [420, 520], 8, 2, d, d, cfg)
+    _check_deterministic(args, reruns=3)
+
+
+def _check_deterministic(args, *, reruns, launch=None):
+    """args: _check's result. The deterministic mode's gradients are bit-identical over
+    `reruns` reruns; its dk, dv equal the fast mode's (neither uses atomics for them) and its
+    dq agrees with the fast mode's within rounding."""
     *inputs, got_fast = args
-    first = _bwd(*inputs, True)
-    for _ in range(3):
-        again = _bwd(*inputs, True)
+    first = _bwd(*inputs, True, launch)
+    for _ in range(reruns):
+        again = _bwd(*inputs, True, launch)
         for a, b in zip(first, again, strict=True):
             assert np.array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
-    # dk, dv do not use atomics in either mode: identical to the fast mode's.
     for a, b in zip(first[1:], got_fast[1:], strict=True):
         assert np.array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
     assert rel_err(first[0], got_fast[0]) <= _tolerance(jnp.bfloat16)

@@ -366,6 +366,27 @@ def test_deterministic_must_be_a_bool():
         jax_flash.context_parallel_attention(q, q, q, mesh=mesh, seq_axis="seq", deterministic=0)
 
 
+def test_bwd_launch_is_checked_and_reaches_the_call():
+    # The backward's launch options (which CUDA kernel on Hopper): a FlashBwdLaunch or an
+    # error naming the argument; the config carries it to the FFI call as hopper_kernel (the CPU
+    # kernel ignores it: its gradients are the same under either choice).
+    from jax_flash.primitives import flash_attention_bwd as bwd
+    from jax_flash.primitives.flash_attention import FlashBwdLaunch
+
+    q = jnp.zeros((1, 4, 2, 8))
+    with pytest.raises(TypeError, match="_bwd_launch must be a FlashBwdLaunch"):
+        jax_flash.flash_attention(q, q, q, _bwd_launch="mma")
+    with pytest.raises(ValueError, match="hopper_kernel must be one of"):
+        FlashBwdLaunch("wgmma")
+    cfg = dict(
+        softmax_scale=1.0, softcap=0.0, window_left=-1, window_right=-1, max_seqlen_q=4,
+        fill_uncovered=False, implementation=None,
+    )  # fmt: skip
+    for kernel, attr in (("hopper", 1), ("mma", 0)):
+        config = bwd.FlashConfig(**cfg, _bwd_launch=FlashBwdLaunch(kernel))
+        assert bwd._ffi_attrs(config)["hopper_kernel"] == attr
+
+
 # --- 4 devices ---------------------------------------------------------------------------------
 
 N = 4

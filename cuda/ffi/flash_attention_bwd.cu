@@ -55,7 +55,8 @@ ffi::Error FlashAttentionBwdCuda(cudaStream_t stream, ffi::ScratchAllocator scra
                                  ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
                                  float softmax_scale, float softcap, int32_t window_left,
                                  int32_t window_right, int32_t max_seqlen_q,
-                                 int32_t fill_uncovered, int32_t deterministic) {
+                                 int32_t fill_uncovered, int32_t deterministic,
+                                 int32_t hopper_kernel) {
   FlashBwdParams p;
   ffi::Error err = make_bwd_params(q, k, v, o, lse, dout, dlse, q_starts, q_ends, k_starts,
                                    k_ends, dq, dk, dv, softmax_scale, softcap, window_left,
@@ -66,8 +67,9 @@ ffi::Error FlashAttentionBwdCuda(cudaStream_t stream, ffi::ScratchAllocator scra
     return invalid(kFlashBwdOp, "the CUDA kernel takes head dims up to " + std::to_string(kMaxD) +
                                     ", got " + std::to_string(p.fwd.head_dim) + "/" +
                                     std::to_string(p.fwd.head_dim_v));
-  // The Hopper kernel takes a subset of the mma.sync kernel's calls, with the same workspace.
-  const bool hopper = flash_attention_bwd_hopper_supported(p);
+  // The Hopper kernel takes a subset of the mma.sync kernel's calls, with the same workspace,
+  // unless the call's launch choice (hopper_kernel 0) keeps them on the mma.sync kernel.
+  const bool hopper = hopper_kernel != 0 && flash_attention_bwd_hopper_supported(p);
   const bool mma = flash_attention_bwd_mma_supported(p);
   const int64_t bytes =
       flash_bwd_workspace_bytes(p.fwd, mma ? kBwdMmaBlockM : 0, p.deterministic);

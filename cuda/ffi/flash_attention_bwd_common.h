@@ -21,7 +21,9 @@ constexpr const char* kFlashBwdOp = "flash_attention (backward)";
 //   lse [Hq, Tq], dlse [Hq, Tq]                                                       float32
 //   q_starts, q_ends, k_starts, k_ends [B]                                            int32
 // Results: dq [Tq, Hq, D], dk [Tk, Hkv, D], dv [Tk, Hkv, Dv] (dtype of q).
-// Attributes: the forward's, plus deterministic (int32).
+// Attributes: the forward's, plus deterministic (int32) and hopper_kernel (int32, a launch
+// choice the CUDA handler reads and the CPU one ignores: 1 runs the Hopper backward where it
+// applies, 0 keeps the mma.sync backward on Hopper too).
 inline ffi::Error make_bwd_params(
     ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer o,
     ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout, ffi::Buffer<ffi::F32> dlse,
@@ -89,7 +91,8 @@ auto flash_attention_bwd_binding(Binding binding) {
       .template Attr<int32_t>("window_right")
       .template Attr<int32_t>("max_seqlen_q")
       .template Attr<int32_t>("fill_uncovered")
-      .template Attr<int32_t>("deterministic");
+      .template Attr<int32_t>("deterministic")
+      .template Attr<int32_t>("hopper_kernel");
 }
 
 }  // namespace jax_flash::ffi_impl

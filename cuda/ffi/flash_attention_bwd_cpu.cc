@@ -13,7 +13,8 @@ static ffi::Error FlashAttentionBwdCpu(
     ffi::Buffer<ffi::S32> q_starts, ffi::Buffer<ffi::S32> q_ends, ffi::Buffer<ffi::S32> k_starts,
     ffi::Buffer<ffi::S32> k_ends, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
     ffi::Result<ffi::AnyBuffer> dv, float softmax_scale, float softcap, int32_t window_left,
-    int32_t window_right, int32_t max_seqlen_q, int32_t fill_uncovered, int32_t deterministic) {
+    int32_t window_right, int32_t max_seqlen_q, int32_t fill_uncovered, int32_t deterministic,
+    int32_t /*hopper_kernel: a CUDA launch choice*/) {
   FlashBwdParams p;
   ffi::Error err = make_bwd_params(q, k, v, o, lse, dout, dlse, q_starts, q_ends, k_starts, k_ends,
                                    dq, dk, dv, softmax_scale, softcap, window_left, window_right,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from .. import reference
-from ..primitives.flash_attention import FlashConfig
+from ..primitives.flash_attention import FlashBwdLaunch, FlashConfig
 from ..primitives.flash_attention_vjp import flash_attention_packed
 from . import _checks
 
@@ -13,7 +13,15 @@ _OP = "flash_attention"
 _OP_VARLEN = "flash_attention_varlen"
 
 
-def _config(scale, cap, window, max_seqlen_q, fill_uncovered, implementation, dense, deterministic):
+def _config(
+    scale, cap, window, max_seqlen_q, fill_uncovered, implementation, dense, deterministic,
+    bwd_launch=None,
+):  # fmt: skip
+    if bwd_launch is not None and not isinstance(bwd_launch, FlashBwdLaunch):
+        raise TypeError(
+            f"{_OP}: _bwd_launch must be a FlashBwdLaunch, got {type(bwd_launch).__name__}"
+        )
+    launch = {} if bwd_launch is None else {"_bwd_launch": bwd_launch}
     return FlashConfig(
         softmax_scale=scale,
         softcap=cap,
@@ -24,6 +32,7 @@ def _config(scale, cap, window, max_seqlen_q, fill_uncovered, implementation, de
         implementation=implementation,
         dense=dense,
         deterministic=deterministic,
+        **launch,
     )
 
 
@@ -61,6 +70,7 @@ def flash_attention(
     return_lse: bool = False,
     implementation: str | None = None,
     deterministic: bool = False,
+    _bwd_launch: FlashBwdLaunch | None = None,
 ):
     """Fused multi-head attention ``softmax(q k^T * scale) v`` without materialising the scores.
 
@@ -94,6 +104,8 @@ def flash_attention(
         Gradients only (the forward ignores it): the backward kernel accumulates without
         atomics, so gradients are bit-identical run to run (on CUDA slower than the default,
         which accumulates dq with float32 atomics; the CPU kernel is deterministic either way).
+    _bwd_launch : private: how the CUDA backward runs (``FlashBwdLaunch``: which kernel on
+        Hopper); None: ``default_bwd_launch()``, from the environment.
 
     Returns
     -------
@@ -156,8 +168,9 @@ def flash_attention(
     q_len = jnp.full((B,), Sq, jnp.int32) if q_seqlens is None else jnp.clip(q_seqlens, 0, Sq)
     k_len = jnp.full((B,), Skv, jnp.int32) if kv_seqlens is None else jnp.clip(kv_seqlens, 0, Skv)
     config = _config(
-        scale, cap, window, Sq, q_seqlens is not None, implementation, True, deterministic
-    )
+        scale, cap, window, Sq, q_seqlens is not None, implementation, True, deterministic,
+        _bwd_launch,
+    )  # fmt: skip
     o, lse = flash_attention_packed(
         q.reshape(B * Sq, Hq, D),
         k.reshape(B * Skv, Hkv, D),

@@ -17,6 +17,8 @@ parallelism: sequence_sharding.py).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
 
 import jax.numpy as jnp
 import numpy as np
@@ -30,6 +32,37 @@ from .sequence_sharding import SequenceShards, sequence_sharded_prefill
 
 # Largest head dim the CUDA kernels take (cuda/include/jax_flash/policy/limits.h).
 CUDA_MAX_HEAD_DIM = _cpu.policy.FLASH_MAX_HEAD_DIM
+
+
+BWD_HOPPER_KERNELS = ("hopper", "mma")
+
+
+@dataclasses.dataclass(frozen=True)
+class FlashBwdLaunch:
+    """How the CUDA backward runs a call (the FFI attribute hopper_kernel of
+    cuda/ffi/flash_attention_bwd_common.h); the CPU kernel ignores it.
+
+    hopper_kernel: on a compute capability 9.0 device, "hopper" runs the wgmma backward
+    (hopper/flash_bwd_kernel.cuh) on the calls it takes, "mma" keeps them on the mma.sync
+    backward (timing both kernels in one build, or avoiding the newer one)."""
+
+    hopper_kernel: str = "hopper"
+
+    def __post_init__(self):
+        if self.hopper_kernel not in BWD_HOPPER_KERNELS:
+            raise ValueError(
+                f"FlashBwdLaunch: hopper_kernel must be one of {BWD_HOPPER_KERNELS}, "
+                f"got {self.hopper_kernel!r}"
+            )
+
+
+@functools.cache
+def default_bwd_launch() -> FlashBwdLaunch:
+    """The backward's launch options of calls that name none, from the environment (read once,
+    here only): JAX_FLASH_BWD_HOPPER="0" keeps the mma.sync backward on Hopper; unset or any
+    other value, the Hopper kernel wherever it takes the call."""
+    hopper = os.environ.get("JAX_FLASH_BWD_HOPPER") != "0"
+    return FlashBwdLaunch(hopper_kernel="hopper" if hopper else "mma")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +82,9 @@ class FlashConfig:
     # Backward only (the forward ignores it): no atomics in any accumulation, so gradients are
     # bit-identical run to run.
     deterministic: bool = False
+    # Private, backward only: the launch options (tests pick the backward kernel through it);
+    # default_bwd_launch() unless set.
+    _bwd_launch: FlashBwdLaunch = dataclasses.field(default_factory=default_bwd_launch)
 
 
 flash_attention_p = make_primitive("jax_flash_attention")

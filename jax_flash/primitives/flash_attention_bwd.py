@@ -8,7 +8,7 @@ cuda/ffi/flash_attention_bwd_common.h:
               lse [Hq,Tq] f32 (forward results), do [Tq,Hq,Dv] (dtype of q), dlse [Hq,Tq] f32
               q_starts/q_ends/k_starts/k_ends [B] int32
     results   dq [Tq,Hq,D], dk [Tk,Hkv,D], dv [Tk,Hkv,Dv] (dtype of q)
-    params    config: FlashConfig (config.deterministic reaches the kernel)
+    params    config: FlashConfig (config.deterministic and config._bwd_launch reach the kernel)
 
 The kernels recompute the probabilities from lse (O(S) extra memory, never [Sq, Skv]); rows
 that see no key and rows no sequence owns get zero gradients. Differentiation itself (the
@@ -47,7 +47,11 @@ flash_attention_bwd_p.def_abstract_eval(_abstract_eval)
 
 
 def _ffi_attrs(config: FlashConfig) -> dict:
-    return {**forward._ffi_attrs(config), "deterministic": np.int32(config.deterministic)}
+    return {
+        **forward._ffi_attrs(config),
+        "deterministic": np.int32(config.deterministic),
+        "hopper_kernel": np.int32(config._bwd_launch.hopper_kernel == "hopper"),
+    }
 
 
 def _cuda_kernel(avals_in, config):

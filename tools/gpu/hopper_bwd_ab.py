@@ -1,8 +1,9 @@
 """The two CUDA backward kernels side by side in one build: the Hopper kernel (default on compute
-capability 9.0) and the mma.sync kernel (JAX_FLASH_BWD_HOPPER=0, read by the FFI handler at each
-call), on the same inputs. Per shape: fwd+bwd TFLOP/s of each (3.5x the forward's FLOPs, causal
-half, as `python -m jax_flash.bench backward` counts), the largest relative difference of their
-dq / dk / dv, and, where it fits, each one's error against the float32 reference.
+capability 9.0) and the mma.sync kernel, picked per call by the backward's launch options
+(FlashBwdLaunch.hopper_kernel "hopper" / "mma"), on the same inputs. Per shape: fwd+bwd TFLOP/s
+of each (3.5x the forward's FLOPs, causal half, as `python -m jax_flash.bench backward` counts),
+the largest relative difference of their dq / dk / dv, and, where it fits, each one's error
+against the float32 reference.
 
     python tools/gpu/hopper_bwd_ab.py            # the issue's shapes (bf16, 32/8 heads, 4 x 4k)
 """
@@ -10,7 +11,6 @@ dq / dk / dv, and, where it fits, each one's error against the float32 reference
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +18,7 @@ import numpy as np
 
 import jax_flash
 from jax_flash import bench, reference
+from jax_flash.primitives.flash_attention import FlashBwdLaunch
 
 SHAPES = [  # batch, seqlen, heads_q, heads_kv, head_dim, causal
     (4, 4096, 32, 8, 128, True),
@@ -56,10 +57,12 @@ def main() -> None:
             attn = functools.partial(reference.attention, causal=causal)
             ref = jax.jit(_fwd_bwd(attn))(*f32)
         outs = {}
-        for name, env in (("hopper", "1"), ("mma.sync", "0")):
+        for name, kernel in (("hopper", "hopper"), ("mma.sync", "mma")):
             for det in (False, True):
-                os.environ["JAX_FLASH_BWD_HOPPER"] = env
-                fn = functools.partial(jax_flash.flash_attention, causal=causal, deterministic=det)
+                fn = functools.partial(
+                    jax_flash.flash_attention, causal=causal, deterministic=det,
+                    _bwd_launch=FlashBwdLaunch(kernel),
+                )  # fmt: skip
                 t, out = bench.loop_time(_fwd_bwd(fn), (q, k, v, do), n=10, chain=(0, 1, 2))
                 out = jax.jit(_fwd_bwd(fn))(q, k, v, do)  # unchained: comparable outputs
                 outs[name, det] = out
@@ -71,7 +74,6 @@ def main() -> None:
             _rel(a, c) for a, c in zip(outs["hopper", False], outs["mma.sync", False], strict=True)
         )
         print(f"B={b} S={s} H={hq}/{hkv} D={d} causal={causal}: hopper vs mma.sync {diff:.2e}")
-    os.environ.pop("JAX_FLASH_BWD_HOPPER", None)
 
 
 if __name__ == "__main__":

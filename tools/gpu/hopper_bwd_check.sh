@@ -32,17 +32,17 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 # A hang (a lost mbarrier phase) shows here first, in 60 s, rather than in the whole suite.
 stamp smoke
 timeout -s INT -k 10 60 python3 -m pytest -q -x -p no:cacheprovider tests/test_flash_bwd_hopper.py \
-  -k "test_gqa_groups and full and 1" 2>&1 | tail -15
+  -k "test_gqa_groups and full and 1 and hopper" 2>&1 | tail -15
 if [ "${PIPESTATUS[0]}" = 124 ]; then
   # Timed out: most likely a hang, which every later step would meet again. What the mma.sync
   # kernel gives on the same case, then stop.
   echo "smoke case timed out: the Hopper backward hangs?"
-  JAX_FLASH_BWD_HOPPER=0 timeout -s INT -k 10 60 python3 -m pytest -q -x -p no:cacheprovider \
-    tests/test_flash_bwd_hopper.py -k "test_gqa_groups and full and 1" 2>&1 | tail -5
+  timeout -s INT -k 10 60 python3 -m pytest -q -x -p no:cacheprovider \
+    tests/test_flash_bwd_hopper.py -k "test_gqa_groups and full and 1 and mma" 2>&1 | tail -5
   exit 1
 fi
 
-# Both kernels of one build on the shapes (JAX_FLASH_BWD_HOPPER=0: mma.sync).
+# Both kernels of one build on the shapes (each picked by the call's FlashBwdLaunch).
 stamp ab
 timeout -s INT -k 10 90 python3 tools/gpu/hopper_bwd_ab.py 2>&1 | tee "$OUT/ab.log"
 

@@ -8,8 +8,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "jax_flash/dtype.h"
 #include "jax_flash/policy/limits.h"
@@ -45,14 +43,6 @@ constexpr bool flash_hopper_head_dims_supported(int64_t head_dim, int64_t head_d
 // the mma.sync backward.
 constexpr bool flash_bwd_hopper_head_dims_supported(int64_t head_dim, int64_t head_dim_v) {
   return head_dim == head_dim_v && (head_dim == 64 || head_dim == 128);
-}
-
-// JAX_FLASH_BWD_HOPPER=0 keeps every backward call on the mma.sync kernel on Hopper too (timing
-// the two kernels side by side in one build, or avoiding the newer one); unset or any other
-// value: the Hopper kernel where it applies. Read at each call.
-inline bool flash_bwd_hopper_enabled() {
-  const char* v = std::getenv("JAX_FLASH_BWD_HOPPER");
-  return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
 // The kernel that runs a flash_attention call on CUDA. kTensorCore: float16 / bfloat16 with
