@@ -254,8 +254,8 @@ __device__ __forceinline__ int ld_acquire(const int32_t* p) {
 // Deterministic mode: the dQ turn counter of (query head h, query tile m of key tile kt's
 // sequence), null past the workspace's slots. With `waiter` (one thread of the CTA), first
 // spins until the key blocks before kt's (from lo / block_n, the first key block that visits
-// the query tile) have added their dQ shares; the caller advances the counter once its own
-// shares are added.
+// the query tile) have added their dQ shares; then a CTA barrier orders the others' adds after
+// that wait. The caller passes the turn on (flash_bwd_pass_dq_turn) once its shares are added.
 __device__ __forceinline__ int32_t* flash_bwd_take_dq_turn(const FlashBwdWorkspace& ws,
                                                            const FlashKeyTile& kt, int h, int m,
                                                            int lo, int block_n, bool waiter) {
@@ -268,6 +268,16 @@ __device__ __forceinline__ int32_t* flash_bwd_take_dq_turn(const FlashBwdWorkspa
     }
   }
   return turn;
+}
+
+// Deterministic mode: advances a turn taken with flash_bwd_take_dq_turn, by one thread, after a
+// CTA barrier that every thread reached once its dQ adds were issued. One release by that
+// thread publishes the whole CTA's adds (the barrier orders them before it, and a release is
+// cumulative), as a split-K semaphore does: no thread needs a fence of its own.
+__device__ __forceinline__ void flash_bwd_pass_dq_turn(int32_t* turn) {
+  if (turn == nullptr) return;
+  __threadfence();
+  atomicAdd(turn, 1);
 }
 
 // What a tensor-core backward CTA does for key tile `tile` (of block_n keys): for every query
@@ -311,6 +321,27 @@ __device__ __forceinline__ bool flash_bwd_find_visits(const FlashParams& p, int3
   out->per_head = m_last - m_first + 1;
   out->items = out->group * out->per_head;
   return true;
+}
+
+// Visit `it` (0 <= it < v.items) of key tile v of kv head kv_head: its query head *h and query
+// tile *m. The fast mode walks the group's heads one after another, each over its query tiles in
+// ascending order. The deterministic mode walks the query tiles in descending order, every head
+// of the group at each tile: key block n then adds to (h, m) as the same visit index as block
+// n - 1 (both start at the sequence's last visited tile, and a query tile's key interval moves
+// right with the tile), so each block trails its turn-order predecessor by one visit. In
+// ascending order block n's first tile (2n under a causal mask with 128 keys per block and 64
+// rows per tile) is block n - 1's third visit, so block n would wait for most of the chain
+// before it to get going and hold its SM idle meanwhile.
+template <bool kDeterministic>
+__device__ __forceinline__ void flash_bwd_visit(const FlashBwdVisits& v, int kv_head, int it,
+                                                int* h, int* m) {
+  if constexpr (kDeterministic) {
+    *h = kv_head * v.group + it % v.group;
+    *m = v.m_first + v.per_head - 1 - it / v.group;
+  } else {
+    *h = kv_head * v.group + it / v.per_head;
+    *m = v.m_first + it % v.per_head;
+  }
 }
 
 // Key j of a sequence of q_len queries and k_len keys is visible from query row i iff

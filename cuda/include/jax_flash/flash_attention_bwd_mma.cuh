@@ -13,9 +13,10 @@
 //                                           16-row x head_dim/2 slice of the block's dQ)
 // dQ is added to a float32 accumulator with atomics; the deterministic mode makes the key blocks
 // of a query block add their shares in ascending key-block order (a per-(head, query tile) turn
-// counter, waited for by one thread while the others stage dS), so every float addition happens
-// in the same order on every run. Q/dO (and lse/Delta) of the next visit load with cp.async
-// under the current one (double-buffered).
+// counter, waited for by one thread while the others stage dS; the tiles visited in descending
+// order, flash_bwd_visit), so every float addition happens in the same order on every run.
+// Q/dO (and lse/Delta) of the next visit load with cp.async under the current one
+// (double-buffered).
 //
 // Scheduling: grid.x enumerates the key blocks of all sequences in order (lowest first, so the
 // heaviest blocks under causal masking start first and a block's turn-order predecessors are
@@ -163,11 +164,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const T* do_base =
       static_cast<const T*>(p.dout) + static_cast<int64_t>(e.q_start) * p.dout_row_stride;
 
-  auto head_of = [&](int it) { return kv_head * v.group + it / v.per_head; };
-  auto block_of = [&](int it) { return v.m_first + it % v.per_head; };
+  auto visit = [&](int it, int* h, int* m) {
+    flash_bwd_visit<kDeterministic>(v, kv_head, it, h, m);
+  };
   auto load_q_do = [&](int it, int buf) {
-    const int h = head_of(it);
-    const int m0 = block_of(it) * BM;
+    int h, m;
+    visit(it, &h, &m);
+    const int m0 = m * BM;
     load_tile<Tr, BM, true, false>(sQ + buf * Tr::kSmemQ, q_base + static_cast<int64_t>(h) * D,
                             f.q_row_stride, m0, v.q_len, Tr::kChunks, tid);
     load_tile<Tr, BM, true, false>(sdO + buf * Tr::kSmemQ, do_base + static_cast<int64_t>(h) * D,
@@ -176,8 +179,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // lse in log2 units, +inf for rows past the sequence and rows that saw no key (lse = -inf):
   // their weights are exp2(-inf) = 0.
   auto read_lse = [&](int it, float* lse2, float* delta) {
-    const int h = head_of(it);
-    const int row = block_of(it) * BM + tid;
+    int h, m;
+    visit(it, &h, &m);
+    const int row = m * BM + tid;
     *lse2 = INFINITY;
     *delta = 0.f;
     if (tid < BM && row < v.q_len) {
@@ -216,8 +220,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   int32_t* pending_turn = nullptr;  // deterministic: the counter to advance after a barrier
   for (int it = 0; it < v.items; ++it) {
     const int buf = it & 1;
-    const int h = head_of(it);
-    const int m = block_of(it);
+    int h, m;
+    visit(it, &h, &m);
     const int m0 = m * BM;
     const uint32_t sQ_cur = sQ + buf * Tr::kSmemQ;
     const uint32_t sdO_cur = sdO + buf * Tr::kSmemQ;
@@ -225,10 +229,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     cp_async_wait<0>();
     __syncthreads();  // Q/dO/lse of this visit ready; every warp is done with the last one
     if constexpr (kDeterministic) {
-      if (tid == 0 && pending_turn != nullptr) {
-        __threadfence();
-        atomicAdd(pending_turn, 1);
-      }
+      if (tid == 0) flash_bwd_pass_dq_turn(pending_turn);
       pending_turn = nullptr;
     }
     float next_lse = INFINITY, next_delta = 0.f;
@@ -370,14 +371,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         if (r + 8 < v.q_len) add_f32x2(dst + row8 + i * 8, dq[i][2], dq[i][3]);
       }
     }
-    if constexpr (kDeterministic) {
-      __threadfence();  // this thread's adds are visible before the turn advances
-      pending_turn = turn;
-    }
+    // Deterministic: passed on after the next barrier (every thread's adds issued by then).
+    if constexpr (kDeterministic) pending_turn = turn;
   }
   __syncthreads();  // every warp is done with sK / sV (dQ reads all of sK)
   if constexpr (kDeterministic) {
-    if (tid == 0 && pending_turn != nullptr) atomicAdd(pending_turn, 1);
+    if (tid == 0) flash_bwd_pass_dq_turn(pending_turn);
   }
 
   // Epilogue: dK (scaled) and dV to 16-bit, staged in this warp's own rows of sK / sV, then

@@ -18,7 +18,7 @@
 //     dS^T stored to shared memory; dQ = dS K   wgmma ss with both operands MN-major, split by
 //           64-column panels over the warpgroups, added to the float32 accumulator with
 //           atomics (deterministic mode: in ascending key-block order, per-(head, query tile)
-//           turn counters, as in the mma.sync kernel).
+//           turn counters and the visit order of flash_bwd_visit, as in the mma.sync kernel).
 // dK/dV stay in registers across all visits (no atomics for them); the epilogue scales dK and
 // writes both for the block's keys.
 //
@@ -103,8 +103,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // launcher's zeros).
   if (!flash_bwd_find_visits(f, BN, BM, blockIdx.x, &v)) return;
   const SeqExtent& e = v.kt.ext;
-  auto head_of = [&](int it) { return kv_head * v.group + it / v.per_head; };
-  auto block_of = [&](int it) { return v.m_first + it % v.per_head; };
+  auto visit = [&](int it, int* h, int* m) {
+    flash_bwd_visit<kDeterministic>(v, kv_head, it, h, m);
+  };
 
   if (tid == 0) {
     mbar_init(kv_full, 1);
@@ -120,8 +121,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // exp2(-inf) = 0) and Delta by plain loads, Q and dO by TMA.
   auto issue_loads = [&](int it) {
     const int st = it % S;
-    const int h = head_of(it);
-    const int m0 = block_of(it) * BM;
+    int h, m;
+    visit(it, &h, &m);
+    const int m0 = m * BM;
     for (int r = lane; r < BM; r += 32) {
       float l2 = INFINITY, dl = 0.f;
       if (m0 + r < v.q_len) {
@@ -191,8 +193,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   for (int it = 0; it < v.items; ++it) {
     const int stage = it % S;
     const int phase = (it / S) & 1;
-    const int h = head_of(it);
-    const int m = block_of(it);
+    int h, m;
+    visit(it, &h, &m);
     const int m0 = m * BM;
     const int rows = min(BM, v.q_len - m0);
     const uint32_t q_st = sQ + stage * Tr::kSmemQ;
@@ -357,9 +359,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
     }
     if constexpr (kDeterministic) {
-      __threadfence();  // this thread's adds are visible before the turn advances
-      named_sync(1, 256);
-      if (ctid == 0 && turn != nullptr) atomicAdd(turn, 1);
+      named_sync(1, 256);  // every thread's adds issued
+      if (ctid == 0) flash_bwd_pass_dq_turn(turn);
     }
   }
 
