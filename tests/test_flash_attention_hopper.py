@@ -1,7 +1,8 @@
 """Tile edges of the prefill kernels' 128-row query tiles and 64/128-row key tiles (the Hopper
 kernel's; on other GPUs and on CPU the same cases check the kernels there): lengths that are
 not multiples of the tiles, Sq != Skv, windows crossing tiles, rows that see no key, packed
-sequences whose tiles reach into the next sequence, and non-finite values past a length."""
+sequences whose tiles reach into the next sequence, non-finite values past a length, and head
+dims below the tile width (zero-padded)."""
 
 import functools
 
@@ -72,6 +73,25 @@ def test_values_past_a_length_never_reach_the_output(platform, rng, bad, d):
     tol = tolerance(dtype, rel_err(same, ref_o))
     err = rel_err(o, ref_o)
     assert err <= tol, f"relative error {err:.3g} > tolerance {tol:.3g}"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(
+    "d,dv", [(16, 16), (48, 32), (80, 80), (96, 96), (112, 112), (160, 160), (192, 128), (128, 64)]
+)
+def test_head_dims_below_the_tile_width(platform, rng, d, dv, causal):
+    # Zero-padded to the 64/128/256-wide tile (TMA reads zeros past D and Dv); off the row tiles,
+    # GQA. Only the Dv columns of each head may be written: a padded column stored would land in
+    # the next head's output.
+    _dense_case(platform, rng, 2, 139, 201, 6, 2, d, "bfloat16", Dv=dv, causal=causal)
+
+
+@pytest.mark.parametrize("d", [80, 160])
+def test_head_dims_below_the_tile_width_varlen(platform, rng, d):
+    # Rows that see no key in a padded tile (o written as zeros, only D columns), packed
+    # sequences reaching into the next one.
+    q_lens, k_lens = [130, 0, 257, 64], [200, 5, 257, 0]
+    _varlen_case(platform, rng, q_lens, k_lens, 4, 2, d, "bfloat16", tail=3, causal=True)
 
 
 def test_rows_seeing_no_key_in_a_tile(platform, rng):

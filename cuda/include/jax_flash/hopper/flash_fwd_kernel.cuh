@@ -19,6 +19,11 @@
 // are), and such V rows are zeroed in shared memory before P V (a masked key's weight is exactly
 // 0, and 0 * inf would be NaN). Rows past the tensors arrive as zeros.
 //
+// Head dims below the tile width D (any D, Dv <= D that are multiples of 16): the TMA
+// descriptors span the tensors' real widths, so Q / K columns past head_dim and V columns past
+// head_dim_v arrive as zeros (they add nothing to S, and give O columns of zeros), and the
+// epilogue stores only the head_dim_v columns of O.
+//
 // Masking, softmax scaling and the lazy rescale follow the mma.sync kernel
 // (flash_attention_mma.cuh): scores in raw units, exp2 with softmax_scale * log2(e) folded in,
 // O and the row sum rescaled only when a row max grows by more than 2^8 in weight.
@@ -70,6 +75,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   constexpr int BM = Tr::kBlockM;
   constexpr int BN = Tr::kBlockN;
   constexpr int S = Tr::kStages;
+  // 16-byte chunks of an O row (Dv <= D, the tile width; the columns past it are never stored).
+  const int dv_chunks = p.head_dim_v / 8;
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -184,7 +191,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const SeqExtent e = ft.ext;
     const FlashKeyTiles kt = flash_key_tiles<BM, BN>(p, e, m0);
     T* o_tile = static_cast<T*>(p.o) + static_cast<int64_t>(e.q_start + m0) * p.o_row_stride +
-                static_cast<int64_t>(head) * D;
+                static_cast<int64_t>(head) * p.head_dim_v;
     float* lse_tile =
         p.lse == nullptr ? nullptr : p.lse + static_cast<int64_t>(head) * p.total_q + e.q_start + m0;
 
@@ -192,7 +199,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       // No key visible to any row: o = 0, lse = -inf, written straight from registers.
       for (int i = wtid; i < 64 * (D / 8); i += 128) {
         const int r = 64 * cw + i / (D / 8);
-        if (m0 + r < e.q_len) {
+        if (m0 + r < e.q_len && (i % (D / 8)) < dv_chunks) {
           *reinterpret_cast<uint4*>(o_tile + static_cast<int64_t>(r) * p.o_row_stride +
                                     (i % (D / 8)) * 8) = make_uint4(0u, 0u, 0u, 0u);
           if (lse_tile != nullptr && i % (D / 8) == 0) lse_tile[r] = -INFINITY;
@@ -468,7 +475,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       const int idx = wtid + 128 * i;
       const int r = 64 * cw + idx / (D / 8);
       const int c = idx % (D / 8);
-      if (m0 + r < e.q_len) {
+      if (m0 + r < e.q_len && c < dv_chunks) {
         const uint4 v = ld_shared_v4(sQ + (c / 8) * Tr::kPanelQ + r * 128 + (((c % 8) ^ (r % 8)) << 4));
         *reinterpret_cast<uint4*>(o_tile + static_cast<int64_t>(r) * p.o_row_stride + c * 8) = v;
       }

@@ -27,15 +27,14 @@ namespace jax_flash {
 
 // The calls the Hopper kernel computes exactly as the contract says:
 //  - an sm_90a build on a compute capability 9.0 device;
-//  - the tensor-core choice of policy/flash.h (dtype, scales) with the head dims of
-//    policy::flash_hopper_head_dims_supported (D == Dv in {64, 128, 256});
+//  - the tensor-core choice of policy/flash.h (dtype, scales, head dims D and Dv multiples of 16
+//    up to 256, run on the tile of policy::flash_mma_tile_dim);
 //  - num_heads % num_heads_k == 0; total_k > 0;
 //  - q, k, v, o 16-byte aligned, row strides multiples of 8 elements (TMA's 16-byte strides);
 //    lse 4-byte aligned or null.
 inline bool flash_attention_hopper_supported(const FlashParams& p) {
   if (policy::flash_kernel_choice(p.dtype, p.head_dim, p.head_dim_v, p.softmax_scale,
-                                  p.softcap) != policy::FlashChoice::kTensorCore ||
-      !policy::flash_hopper_head_dims_supported(p.head_dim, p.head_dim_v))
+                                  p.softcap) != policy::FlashChoice::kTensorCore)
     return false;
   if (p.num_heads < 1 || p.num_heads_k < 1 || p.num_heads % p.num_heads_k != 0) return false;
   if (p.total_k <= 0 || p.total_q <= 0) return false;
@@ -73,8 +72,9 @@ cudaError_t launch_flash_hopper(const FlashParams& p, cudaStream_t stream) {
 
 }  // namespace hopper
 
-// Fused attention on the Hopper kernel for p.head_dim == p.head_dim_v == kHeadDim, T = __half or
-// __nv_bfloat16, params accepted by flash_attention_hopper_supported. Writes o and lse for every
+// Fused attention on the Hopper kernel for kHeadDim == policy::flash_mma_tile_dim(p.head_dim,
+// p.head_dim_v) (head dims below the tile width run zero-padded), T = __half or __nv_bfloat16,
+// params accepted by flash_attention_hopper_supported. Writes o and lse for every
 // row that some sequence owns (rows past max_seqlen_q excepted). Returns cudaErrorNotSupported,
 // launching nothing, when the driver rejects a TMA descriptor (the caller then takes another
 // kernel). Asynchronous on `stream`; never synchronizes or allocates.

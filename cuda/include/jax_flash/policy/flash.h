@@ -24,16 +24,11 @@ constexpr bool flash_mma_head_dims_supported(int64_t head_dim, int64_t head_dim_
   return mma_tile_head_dims_supported(head_dim, head_dim_v);
 }
 
-// The tile width (64, 128 or 256) of the tensor-core kernel for head dims D, Dv (supported).
+// The tile width (64, 128 or 256) of the tensor-core kernels for head dims D, Dv (supported):
+// the mma.sync kernel's, and on compute capability 9.0 the Hopper (wgmma + TMA) kernel's, which
+// takes every tensor-core call in builds with sm_90a code (flash_attention_hopper_supported).
 constexpr int flash_mma_tile_dim(int64_t head_dim, int64_t head_dim_v) {
   return mma_tile_dim(head_dim, head_dim_v);
-}
-
-// Head dims of the Hopper (sm_90a, wgmma + TMA) kernel, which takes the tensor-core calls with
-// these head dims in place of the mma.sync kernel on compute capability 9.0 devices, in builds
-// with sm_90a code (flash_attention_hopper_supported checks the device and the build).
-constexpr bool flash_hopper_head_dims_supported(int64_t head_dim, int64_t head_dim_v) {
-  return head_dim == head_dim_v && (head_dim == 64 || head_dim == 128 || head_dim == 256);
 }
 
 // Head dims of the Hopper backward kernel (hopper/flash_bwd_kernel.cuh), which takes the
