@@ -3,8 +3,9 @@ ring) through the backward's FFI target, against jax.vjp of the float32 referenc
 
 Every case runs with both backward kernels of a Hopper build, picked by the call's launch
 options (FlashBwdLaunch.hopper_kernel): "hopper", on a compute capability 9.0 GPU with an sm_90a
-build, runs the Hopper kernel (hopper/flash_bwd_kernel.cuh: float16 / bfloat16, head dims 64 and
-128), and the mma.sync kernel elsewhere; "mma" runs the mma.sync kernel. Lengths off both
+build, runs the Hopper kernel (hopper/flash_bwd_kernel.cuh: float16 / bfloat16, head dims
+multiples of 16 up to 128, zero-padded to a 64- or 128-wide tile), and the mma.sync kernel (or,
+for the padded head dims, the SIMT kernel) elsewhere; "mma" runs those. Lengths off both
 tiles, Sq != Skv both ways, GQA groups 1 / 4 / 8 (a CTA walks every query head of its kv
 head), causal / window / soft cap, zero-length and unowned rows (zeros), packed sequences whose
 tiles reach into the next one, non-finite values in rows no sequence owns, and the deterministic
@@ -63,6 +64,17 @@ def test_gqa_groups(rng, launch, group, mask):
     _check_on(
         launch, rng, jnp.dtype("bfloat16"), [300], [300], 2 * group, 2, 128, 128, _cfg(128, mask)
     )
+
+
+@pytest.mark.parametrize(
+    "d,dv", [(32, 32), (48, 48), (80, 80), (96, 96), (112, 112), (128, 64), (64, 112)]
+)
+@pytest.mark.parametrize("mask", MASKS[:2], ids=[m[0] for m in MASKS[:2]])
+def test_head_dims_below_the_tile_width(rng, launch, d, dv, mask):
+    # Zero-padded to the 64/128-wide tile (TMA reads zeros past D and Dv): only the D columns of
+    # dq / dk and the Dv columns of dv may be written (a padded column would land in the next
+    # head's gradient); lengths off both tiles, GQA.
+    _check_on(launch, rng, jnp.dtype("bfloat16"), [191, 65], [257, 129], 4, 2, d, dv, _cfg(d, mask))
 
 
 @pytest.mark.parametrize("sq,skv", [(1, 300), (300, 1), (64, 128), (128, 64), (333, 129)])
@@ -138,7 +150,7 @@ def test_non_finite_unowned_rows_never_reach_the_outputs(rng, launch, bad, d):
         assert rel_err(a, b) <= _tolerance(jnp.bfloat16), name
 
 
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 80, 128])
 @pytest.mark.parametrize("mask", [MASKS[0], MASKS[3]], ids=["full", "softcap"])
 def test_deterministic_bit_identical(rng, launch, d, mask):
     # Several key blocks add to each query block's dQ (in a fixed order), GQA group 4.

@@ -23,9 +23,10 @@ cudaError_t dispatch_bwd(const FlashBwdParams& p, bool hopper, bool mma, cudaStr
   if constexpr (!std::is_same_v<T, float>) {
     if (hopper) {
       // cudaErrorNotSupported: a TMA descriptor was rejected and nothing ran; the mma.sync
-      // kernel (same workspace) takes the call.
+      // kernel (same workspace) or the SIMT kernel (its Delta at the workspace's start) takes
+      // the call.
       cudaError_t status = cudaErrorNotSupported;
-      switch (p.fwd.head_dim) {
+      switch (policy::flash_mma_tile_dim(p.fwd.head_dim, p.fwd.head_dim_v)) {
         case 64: status = run_flash_attention_bwd_hopper<T, 64>(p, stream); break;
         case 128: status = run_flash_attention_bwd_hopper<T, 128>(p, stream); break;
         default: break;
@@ -67,12 +68,13 @@ ffi::Error FlashAttentionBwdCuda(cudaStream_t stream, ffi::ScratchAllocator scra
     return invalid(kFlashBwdOp, "the CUDA kernel takes head dims up to " + std::to_string(kMaxD) +
                                     ", got " + std::to_string(p.fwd.head_dim) + "/" +
                                     std::to_string(p.fwd.head_dim_v));
-  // The Hopper kernel takes a subset of the mma.sync kernel's calls, with the same workspace,
-  // unless the call's launch choice (hopper_kernel 0) keeps them on the mma.sync kernel.
+  // The Hopper kernel takes the mma.sync kernel's calls and the other head dims up to 128 (the
+  // mma.sync kernel's workspace), unless the call's launch choice (hopper_kernel 0) keeps them
+  // on the mma.sync / SIMT kernels.
   const bool hopper = hopper_kernel != 0 && flash_attention_bwd_hopper_supported(p);
   const bool mma = flash_attention_bwd_mma_supported(p);
   const int64_t bytes =
-      flash_bwd_workspace_bytes(p.fwd, mma ? kBwdMmaBlockM : 0, p.deterministic);
+      flash_bwd_workspace_bytes(p.fwd, hopper || mma ? kBwdMmaBlockM : 0, p.deterministic);
   if (bytes > 0) {
     std::optional<void*> ws = scratch.Allocate(static_cast<size_t>(bytes), 16);
     if (!ws.has_value())

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <climits>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -107,6 +108,25 @@ cudaError_t flash_bwd_delta(const FlashBwdParams& p, float* delta, cudaStream_t 
   const int64_t blocks = (warps + 7) / 8 < 65536 ? (warps + 7) / 8 : 65536;
   flash_bwd_delta_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p, delta);
   return cudaGetLastError();
+}
+
+// What both tensor-core backwards (mma.sync and Hopper) need of a call besides its head dims:
+// dtype float16 or bfloat16, Hq a multiple of Hkv, every tensor 16-byte aligned with row
+// strides a multiple of 8 elements (16-byte loads and TMA's 16-byte strides), finite scale and
+// soft cap.
+inline bool flash_bwd_tensor_core_layout_supported(const FlashBwdParams& p) {
+  const FlashParams& f = p.fwd;
+  if (f.dtype != DType::kFloat16 && f.dtype != DType::kBFloat16) return false;
+  if (f.num_heads < 1 || f.num_heads_k < 1 || f.num_heads % f.num_heads_k != 0) return false;
+  auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  if (!aligned16(f.q) || !aligned16(f.k) || !aligned16(f.v) || !aligned16(p.dout) ||
+      !aligned16(p.dq) || !aligned16(p.dk) || !aligned16(p.dv))
+    return false;
+  if (f.q_row_stride % 8 != 0 || f.k_row_stride % 8 != 0 || f.v_row_stride % 8 != 0 ||
+      p.dout_row_stride % 8 != 0 || p.dq_row_stride % 8 != 0 || p.dk_row_stride % 8 != 0 ||
+      p.dv_row_stride % 8 != 0)
+    return false;
+  return std::isfinite(f.softmax_scale) && std::isfinite(f.softcap);
 }
 
 // ---------------------------------------------------------------------------------------------

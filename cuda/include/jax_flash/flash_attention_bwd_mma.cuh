@@ -44,25 +44,12 @@
 namespace jax_flash {
 
 // The parameters this kernel computes exactly as the contract says; the dispatcher sends all
-// others to the SIMT kernels: dtype float16 or bfloat16, head_dim == head_dim_v in {64, 128},
-// every tensor 16-byte aligned with row strides a multiple of 8 elements, finite scale and
-// soft cap.
+// others to the SIMT kernels: those of flash_bwd_tensor_core_layout_supported with
+// head_dim == head_dim_v in {64, 128}.
 inline bool flash_attention_bwd_mma_supported(const FlashBwdParams& p) {
-  const FlashParams& f = p.fwd;
-  if (f.dtype != DType::kFloat16 && f.dtype != DType::kBFloat16) return false;
-  if (f.head_dim != f.head_dim_v) return false;
-  if (f.head_dim != 64 && f.head_dim != 128) return false;
-  if (f.num_heads < 1 || f.num_heads_k < 1 || f.num_heads % f.num_heads_k != 0) return false;
-  auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  if (!aligned16(f.q) || !aligned16(f.k) || !aligned16(f.v) || !aligned16(p.dout) ||
-      !aligned16(p.dq) || !aligned16(p.dk) || !aligned16(p.dv))
-    return false;
-  if (f.q_row_stride % 8 != 0 || f.k_row_stride % 8 != 0 || f.v_row_stride % 8 != 0 ||
-      p.dout_row_stride % 8 != 0 || p.dq_row_stride % 8 != 0 || p.dk_row_stride % 8 != 0 ||
-      p.dv_row_stride % 8 != 0)
-    return false;
-  if (!std::isfinite(f.softmax_scale) || !std::isfinite(f.softcap)) return false;
-  return true;
+  if (p.fwd.head_dim != p.fwd.head_dim_v) return false;
+  if (p.fwd.head_dim != 64 && p.fwd.head_dim != 128) return false;
+  return flash_bwd_tensor_core_layout_supported(p);
 }
 
 namespace mma_bwd {

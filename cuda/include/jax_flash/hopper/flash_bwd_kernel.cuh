@@ -22,6 +22,11 @@
 // dK/dV stay in registers across all visits (no atomics for them); the epilogue scales dK and
 // writes both for the block's keys.
 //
+// Head dims below the tile width D (kPadded; D, Dv multiples of 16): the TMA descriptors span
+// the tensors' real widths, so Q / K / dO / V columns past head_dim / head_dim_v arrive as zeros
+// and add nothing to S^T or dP^T; the dK, dV and dQ columns past them are zeros and never
+// stored. (A variant of its own, so that the exact head dims keep their registers.)
+//
 // Rows past a length: TMA reads whole tiles of the packed tensors (another sequence's rows, or
 // zeros past the tensor). Q/dO rows past the query length and K/V rows past the key length are
 // zeroed in shared memory (so that no non-finite value there meets a zero weight), their lse is
@@ -60,7 +65,7 @@ __device__ __forceinline__ void zero_tile_rows(uint32_t tile, int panels, int pa
   }
 }
 
-template <typename T, class Tr, bool kSoftcap, bool kDeterministic>
+template <typename T, class Tr, bool kSoftcap, bool kDeterministic, bool kPadded>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     flash_bwd_hopper_kernel(const __grid_constant__ FlashBwdParams p, const FlashBwdWorkspace ws,
                             const __grid_constant__ CUtensorMap tm_q,
@@ -76,6 +81,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   constexpr int BN = Tr::kBlockN;
   constexpr int S = Tr::kStages;
   const FlashParams& f = p.fwd;
+  // Columns of dQ / dK and of dV that are stored, and their head strides.
+  const int dk_cols = kPadded ? f.head_dim : D;
+  const int dv_cols = kPadded ? f.head_dim_v : D;
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
@@ -350,11 +358,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         const int r = 16 * (warp & 3) + g + 8 * hf;
         if (r < rows) {
           float* dst = ws.dq_accum +
-                       ((static_cast<int64_t>(e.q_start) + m0 + r) * f.num_heads + h) * D +
+                       ((static_cast<int64_t>(e.q_start) + m0 + r) * f.num_heads + h) * dk_cols +
                        64 * cw + 2 * t;
 #pragma unroll
           for (int j = 0; j < 8; ++j)
-            mma_bwd::add_f32x2(dst + 8 * j, dq[4 * j + 2 * hf], dq[4 * j + 2 * hf + 1]);
+            if (!kPadded || 64 * cw + 8 * j < dk_cols)
+              mma_bwd::add_f32x2(dst + 8 * j, dq[4 * j + 2 * hf], dq[4 * j + 2 * hf + 1]);
         }
       }
     }
@@ -366,8 +375,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   // Epilogue: dK (scaled) and dV of this thread's key rows, straight from the fragments
   // (element i: key row kr + 8 * (i / 2 % 2), column 8 * (i / 4) + 2 * t + i % 2).
-  T* dk = static_cast<T*>(p.dk) + static_cast<int64_t>(kv_head) * D + 2 * t;
-  T* dv = static_cast<T*>(p.dv) + static_cast<int64_t>(kv_head) * D + 2 * t;
+  T* dk = static_cast<T*>(p.dk) + static_cast<int64_t>(kv_head) * dk_cols + 2 * t;
+  T* dv = static_cast<T*>(p.dv) + static_cast<int64_t>(kv_head) * dv_cols + 2 * t;
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int r = kr + 8 * hf;
@@ -375,11 +384,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       const int64_t row = static_cast<int64_t>(e.k_start) + v.n0 + r;
 #pragma unroll
       for (int j = 0; j < D / 8; ++j) {
-        *reinterpret_cast<uint32_t*>(dk + row * p.dk_row_stride + 8 * j) =
-            pack2<T>(acc_dk[4 * j + 2 * hf] * f.softmax_scale,
-                     acc_dk[4 * j + 2 * hf + 1] * f.softmax_scale);
-        *reinterpret_cast<uint32_t*>(dv + row * p.dv_row_stride + 8 * j) =
-            pack2<T>(acc_dv[4 * j + 2 * hf], acc_dv[4 * j + 2 * hf + 1]);
+        if (!kPadded || 8 * j < dk_cols)
+          *reinterpret_cast<uint32_t*>(dk + row * p.dk_row_stride + 8 * j) =
+              pack2<T>(acc_dk[4 * j + 2 * hf] * f.softmax_scale,
+                       acc_dk[4 * j + 2 * hf + 1] * f.softmax_scale);
+        if (!kPadded || 8 * j < dv_cols)
+          *reinterpret_cast<uint32_t*>(dv + row * p.dv_row_stride + 8 * j) =
+              pack2<T>(acc_dv[4 * j + 2 * hf], acc_dv[4 * j + 2 * hf + 1]);
       }
     }
   }

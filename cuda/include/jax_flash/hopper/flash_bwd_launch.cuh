@@ -26,14 +26,15 @@
 
 namespace jax_flash {
 
-// The calls the Hopper backward computes exactly as the contract says: those of the mma.sync
-// backward (flash_attention_bwd_mma_supported: dtype, 16-byte alignment and row strides, which
-// TMA needs too; finite scales) with the head dims of policy::flash_bwd_hopper_head_dims_supported,
-// total_q, total_k > 0, in an sm_90a build on a compute capability 9.0 device. (Whether a call
-// that it takes runs it is the call's launch choice, the handler's hopper_kernel attribute.)
+// The calls the Hopper backward computes exactly as the contract says: fp16/bf16 with the
+// tensor-core layout (flash_bwd_tensor_core_layout_supported: 16-byte alignment and row strides,
+// which TMA needs too; finite scales) and the head dims of
+// policy::flash_bwd_hopper_head_dims_supported, total_q, total_k > 0, in an sm_90a build on a
+// compute capability 9.0 device. (Whether a call that it takes runs it is the call's launch
+// choice, the handler's hopper_kernel attribute.)
 inline bool flash_attention_bwd_hopper_supported(const FlashBwdParams& p) {
-  if (!flash_attention_bwd_mma_supported(p) ||
-      !policy::flash_bwd_hopper_head_dims_supported(p.fwd.head_dim, p.fwd.head_dim_v))
+  if (!policy::flash_bwd_hopper_head_dims_supported(p.fwd.head_dim, p.fwd.head_dim_v) ||
+      !flash_bwd_tensor_core_layout_supported(p))
     return false;
   if (p.fwd.total_q <= 0 || p.fwd.total_k <= 0) return false;
   return hopper::sm90a_code_runs_here();
@@ -41,7 +42,7 @@ inline bool flash_attention_bwd_hopper_supported(const FlashBwdParams& p) {
 
 namespace hopper {
 
-template <typename T, class Tr, bool kSoftcap, bool kDeterministic>
+template <typename T, class Tr, bool kSoftcap, bool kDeterministic, bool kPadded>
 cudaError_t launch_flash_bwd_hopper(const FlashBwdParams& p, const FlashBwdWorkspace& ws,
                                     const CUtensorMap& tm_q, const CUtensorMap& tm_k,
                                     const CUtensorMap& tm_v, const CUtensorMap& tm_do,
@@ -50,13 +51,14 @@ cudaError_t launch_flash_bwd_hopper(const FlashBwdParams& p, const FlashBwdWorks
   // turn-order predecessors of a block are scheduled before it), grid.y: kv heads.
   const int64_t tiles = tile_slots(p.fwd.total_k, p.fwd.batch, Tr::kBlockN);
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.fwd.num_heads_k));
-  return launch_with_smem<flash_bwd_hopper_kernel<T, Tr, kSoftcap, kDeterministic>>(
+  return launch_with_smem<flash_bwd_hopper_kernel<T, Tr, kSoftcap, kDeterministic, kPadded>>(
       grid, Tr::kThreads, Tr::kSmemBytes, stream, p, ws, tm_q, tm_k, tm_v, tm_do);
 }
 
 }  // namespace hopper
 
-// Backward on the Hopper kernel for p.fwd.head_dim == head_dim_v == kHeadDim, T = __half or
+// Backward on the Hopper kernel for kHeadDim == policy::flash_mma_tile_dim(p.fwd.head_dim,
+// p.fwd.head_dim_v) (head dims below the tile width run zero-padded), T = __half or
 // __nv_bfloat16, params accepted by flash_attention_bwd_hopper_supported, p.workspace of
 // flash_bwd_workspace_bytes(p.fwd, kBwdMmaBlockM, p.deterministic) bytes (the query tile is the
 // mma.sync backward's, so the workspace is the same). Writes dq, dk, dv (zeros on rows no
@@ -79,11 +81,15 @@ cudaError_t run_flash_attention_bwd_hopper(const FlashBwdParams& p, cudaStream_t
       !hopper::make_tensor_map(&tm_v, f.v, f.dtype, f.head_dim_v, f.num_heads_k, f.total_k,
                                f.v_row_stride, Tr::kBlockN))
     return cudaErrorNotSupported;
+  const bool padded = f.head_dim != kHeadDim || f.head_dim_v != kHeadDim;
   return run_flash_bwd_accumulated<T>(
       p, Tr::kBlockM, stream, [&](const FlashBwdWorkspace& ws, auto softcap, auto deterministic) {
-        return hopper::launch_flash_bwd_hopper<T, Tr, decltype(softcap)::value,
-                                               decltype(deterministic)::value>(
-            p, ws, tm_q, tm_k, tm_v, tm_do, stream);
+        return dispatch_bool(padded, [&](auto padded_c) {
+          return hopper::launch_flash_bwd_hopper<T, Tr, decltype(softcap)::value,
+                                                 decltype(deterministic)::value,
+                                                 decltype(padded_c)::value>(
+              p, ws, tm_q, tm_k, tm_v, tm_do, stream);
+        });
       });
 }
 

@@ -32,12 +32,13 @@ constexpr int flash_mma_tile_dim(int64_t head_dim, int64_t head_dim_v) {
 }
 
 // Head dims of the Hopper backward kernel (hopper/flash_bwd_kernel.cuh), which takes the
-// backward calls of the tensor-core backward (flash_attention_bwd_mma_supported) with these head
-// dims on compute capability 9.0 devices in builds with sm_90a code
-// (flash_attention_bwd_hopper_supported checks the device and the build); the other calls keep
-// the mma.sync backward.
+// fp16/bf16 backward calls with these head dims on compute capability 9.0 devices in builds with
+// sm_90a code (flash_attention_bwd_hopper_supported checks the device, the build and the
+// layout): D and Dv multiples of 16 up to 128, run on the tile of flash_mma_tile_dim (64 or 128
+// wide; columns past D and Dv are zeros). The other calls keep the mma.sync / SIMT backwards.
 constexpr bool flash_bwd_hopper_head_dims_supported(int64_t head_dim, int64_t head_dim_v) {
-  return head_dim == head_dim_v && (head_dim == 64 || head_dim == 128);
+  return mma_tile_head_dims_supported(head_dim, head_dim_v) &&
+         mma_tile_dim(head_dim, head_dim_v) <= 128;
 }
 
 // The kernel that runs a flash_attention call on CUDA. kTensorCore: float16 / bfloat16 with
