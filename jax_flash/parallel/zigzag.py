@@ -27,6 +27,14 @@ def _chunk_order(n: int) -> np.ndarray:
     return np.stack([np.arange(n), 2 * n - 1 - np.arange(n)], axis=1).reshape(-1)
 
 
+def balances(window: tuple[int, int], seq_len: int, n: int) -> bool:
+    """Does the zigzag layout balance this mask over n devices? Causal with no left window (a
+    query's work grows linearly with its position, which the pairing of chunks d and 2n-1-d
+    evens out) and a sequence of 2n equal chunks. ``window`` as `reference.normalize_window`
+    gives it."""
+    return tuple(window) == (-1, 0) and n > 1 and seq_len % (2 * n) == 0
+
+
 def check_divisible(op: str, seq_len: int, n: int):
     if seq_len % (2 * n) != 0:
         raise ValueError(
