@@ -107,6 +107,9 @@ CASES = {
     # sums dK/dV over q's axis before keeping its own key rows.
     "q-model-kv-data": (1, 12, 16, P(None, "model"), P(None, "data"), True, dict(causal=True)),
     "kv-only": (1, 12, 16, P(), P(None, ("data", "model")), False, {}),
+    # Skv < Sq: the first 8 rows see no key (o = 0, lse = -inf), some half-blocks none at all.
+    "seq4-causal-short-kv": (1, 16, 8, P(None, ("data", "model")), P(None, ("data", "model")),
+                             False, dict(causal=True)),
     # 3 rows per device cannot be halved: the natural layout (unbalanced, exact).
     "seq4-causal-odd": (1, 12, 12, P(None, ("data", "model")), P(None, ("data", "model")), True,
                         dict(causal=True)),
