@@ -12,7 +12,10 @@ Two forms of the same permutation:
   reorder is paid once per model instead of once per attention layer.
 - `shard_to_zigzag` / `shard_from_zigzag` do it inside `jax.shard_map` on per-device blocks of a
   naturally ordered sequence, with two `ppermute`s: each device sends each half of its block
-  straight to its new owner (no all-gather).
+  straight to its new owner (no all-gather). The partitioned lowering of a sequence-sharded
+  `flash_attention` balances a causal mask with them too (primitives/sequence_sharding.py).
+
+`balances` says where the layout evens out the work: both uses ask it.
 """
 
 from __future__ import annotations
