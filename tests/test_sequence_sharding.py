@@ -1,12 +1,15 @@
 """Dense flash_attention with its sequence axis sharded under jax.jit (context parallelism in the
 partitioned lowering, primitives/sequence_sharding.py): results and gradients equal the
 one-device run and the reference, o keeps q's sharding, and the compiled program gathers no
-q-sized array (q, o, lse, do, dq): the only all-gathers are of K/V.
+q-sized array (q, o, lse, do, dq): the only all-gathers are of K/V. A causal mask is balanced
+over the devices (zigzag half-blocks): the only q-sized transfers are the half-blocks' exchange,
+and each device's count of visible tiles is the same.
 
 Like tests/test_sharding.py, the checks need 4 devices: with fewer, `test_on_host_devices` runs
 this file again in a subprocess with 4 CPU host devices.
 """
 
+import dataclasses
 import re
 
 import jax
@@ -18,6 +21,8 @@ from jax.sharding import PartitionSpec as P
 
 import jax_flash
 from jax_flash import reference
+from jax_flash.primitives.flash_attention import FlashConfig
+from jax_flash.primitives.sequence_sharding import device_work, row_layout
 
 from _util import randn, rel_err, run_on_host_devices
 
@@ -49,6 +54,25 @@ def _gathered_shapes(compiled_text):
             tuple(int(x) for x in s.split(",") if x) for s in re.findall(r"\[([\d,]*)\]", m[1])
         ]
     return shapes
+
+
+_PERMUTE = re.compile(r"=\s*(.*?)\scollective-permute(?:-start)?\(")
+
+
+def _permuted_shapes(compiled_text):
+    """The shapes every collective-permute in the compiled program sends."""
+    shapes = []
+    for m in _PERMUTE.finditer(compiled_text):
+        found = re.findall(r"\[([\d,]*)\]", m[1])
+        shapes += [tuple(int(x) for x in s.split(",") if x) for s in found[:1]]
+    return shapes
+
+
+def _q_shards(spec):
+    """How many ways a q spec splits the sequence rows (its second entry)."""
+    entry = (tuple(spec) + (None, None))[1]
+    names = () if entry is None else (entry,) if isinstance(entry, str) else entry
+    return 2 ** len(names)  # every axis of _mesh() has size 2
 
 
 def _put(args, specs, mesh):
@@ -83,6 +107,12 @@ CASES = {
     # sums dK/dV over q's axis before keeping its own key rows.
     "q-model-kv-data": (1, 12, 16, P(None, "model"), P(None, "data"), True, dict(causal=True)),
     "kv-only": (1, 12, 16, P(), P(None, ("data", "model")), False, {}),
+    # Skv < Sq: the first 8 rows see no key (o = 0, lse = -inf), some half-blocks none at all.
+    "seq4-causal-short-kv": (1, 16, 8, P(None, ("data", "model")), P(None, ("data", "model")),
+                             False, dict(causal=True)),
+    # 3 rows per device cannot be halved: the natural layout (unbalanced, exact).
+    "seq4-causal-odd": (1, 12, 12, P(None, ("data", "model")), P(None, ("data", "model")), True,
+                        dict(causal=True)),
 }  # fmt: skip
 
 
@@ -131,6 +161,14 @@ def test_forward_and_gradients(rng, case):
     assert all(HQ not in s for s in gathered), gathered  # K/V (HKV heads) only
     if kv_spec == P():
         assert gathered == []
+    # Causal with an even number of rows per device: balanced, and the only q-sized transfers
+    # are the half-blocks (c rows) moving between devices, q's in, o's and lse's back.
+    n = _q_shards(q_spec)
+    balanced = opts == dict(causal=True) and n > 1 and (Sq // n) % 2 == 0
+    c = Sq // n // 2
+    halves = {(c, HQ, D), (c, HQ, DV), (HQ, c)}
+    permuted = _permuted_shapes(hlo)
+    assert (len(permuted) == 6 and set(permuted) <= halves) if balanced else permuted == []
 
     # Gradients of q, k and v (through o and lse), against one device and the reference.
     w_o = randn(rng, (B, Sq, HQ, DV), jnp.float32)
@@ -151,8 +189,12 @@ def test_forward_and_gradients(rng, case):
     ref_grads = jax.grad(lambda *a: loss(*a, attn=ref_attn), argnums=(0, 1, 2))(*args)
     _close((dq, dk, dv), ref_grads)
     assert dq.sharding.is_equivalent_to(NamedSharding(mesh, q_spec), 4)
-    gathered = _gathered_shapes(grad.lower(*sharded).compile().as_text())
+    hlo = grad.lower(*sharded).compile().as_text()
+    gathered = _gathered_shapes(hlo)
     assert all(HQ not in s for s in gathered), gathered
+    # The backward's exchange: q, o, do, lse and dlse in, dq back (beside the forward's 6).
+    permuted = _permuted_shapes(hlo)
+    assert (len(permuted) == 18 and set(permuted) <= halves) if balanced else permuted == []
 
 
 @needs_devices
@@ -197,3 +239,54 @@ def test_other_partitioner_and_explicit_mode(rng, mode):
     like_q = NamedSharding(_mesh(), q_spec)
     assert out[0][0].sharding.is_equivalent_to(like_q, 4)
     assert out[1][0].sharding.is_equivalent_to(like_q, 4)
+
+
+@needs_devices
+def test_natural_layout_is_unbalanced_and_exact(rng):
+    # _sequence_layout="natural" (what benchmarks time the balance against) keeps each device on
+    # its own rows: no exchange, the same results.
+    (q, k, v), _ = _inputs(rng, 1, 16, 16, False)
+    spec = P(None, ("data", "model"))
+    sharded = _put((q, k, v), [spec] * 3, _mesh())
+    outs = []
+    for layout in ("auto", "natural"):
+        f = jax.jit(lambda q, k, v, layout=layout: jax_flash.flash_attention(
+            q, k, v, causal=True, return_lse=True, _sequence_layout=layout))  # fmt: skip
+        outs.append(f(*sharded))
+        assert bool(_permuted_shapes(f.lower(*sharded).compile().as_text())) == (layout == "auto")
+    _close(outs[0], outs[1])
+    with pytest.raises(ValueError, match="_sequence_layout must be one of"):
+        jax_flash.flash_attention(q, k, v, _sequence_layout="zigzag")
+
+
+def _config(sq, **window):
+    window = dict(window_left=-1, window_right=0) | window
+    return FlashConfig(1.0, 0.0, max_seqlen_q=sq, fill_uncovered=False, implementation=None,
+                       dense=True, **window)  # fmt: skip
+
+
+@pytest.mark.parametrize("n,sq,skv", [(4, 131072, 131072), (2, 8192, 12288), (8, 32768, 32768)])
+def test_causal_work_is_balanced(n, sq, skv):
+    # Each device's visible (query block, key block) tiles, from the layout and the per-call
+    # extents the lowering uses: equal on every device, against the natural layout's last
+    # device doing (2n-1)/n^2 of the work (Sq = Skv), the same tiles in all.
+    config = _config(sq)
+    assert row_layout(config, n, sq // n) == "zigzag"
+    work = device_work(config, n, sq, skv)
+    natural = device_work(dataclasses.replace(config, _sequence_layout="natural"), n, sq, skv)
+    assert sum(work) == sum(natural)
+    assert max(work) == min(work), work
+    assert natural == sorted(natural) and natural[0] < natural[-1]
+    if sq == skv:
+        assert natural[-1] / sum(natural) == pytest.approx((2 * n - 1) / n**2, rel=1e-2)
+
+
+def test_other_masks_keep_the_natural_layout():
+    # Nothing to balance (no mask, a window) or rows that cannot be halved: the natural layout,
+    # whose work is already even where there is no causal triangle.
+    assert row_layout(_config(4096, window_right=-1), 4, 1024) == "natural"
+    assert row_layout(_config(4096, window_left=256), 4, 1024) == "natural"
+    assert row_layout(_config(4092), 4, 1023) == "natural"
+    assert row_layout(_config(4096), 1, 4096) == "natural"
+    work = device_work(_config(4096, window_right=-1), 4, 4096, 4096)
+    assert max(work) == min(work)

@@ -7,10 +7,8 @@
 A GPU test spends most of its time compiling on the host, so on a lent GPU machine (16 cores)
 six processes finish the GPU suite several times faster than one. Each process gets the
 `XLA_PYTHON_CLIENT_PREALLOCATE=false` environment, so that they share the GPU's memory instead of
-each reserving most of it, and `--xla_gpu_autotune_level=0` added to XLA_FLAGS: XLA's GEMM
-autotuning buys the tests nothing (they time nothing) and cost most of their compile time (on an
-H100 machine the first backward test compiled its float32 reference gradient in 48.6 s with it,
-7.8 s without). The collected test ids are dealt out round-robin (neighbouring ids of
+each reserving most of it (tests/conftest.py turns XLA's GEMM autotuning off in every
+process). The collected test ids are dealt out round-robin (neighbouring ids of
 a file go to different processes, so slow parametrisations spread out). Each process writes its
 log to --log-dir; the summary prints each one's last line and the failures, and the exit status
 is non-zero if any process failed or ran past --timeout (it is interrupted with SIGINT, so pytest
@@ -53,7 +51,6 @@ def main(argv=None) -> int:
     log_dir = pathlib.Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false", "PYTHONUNBUFFERED": "1"}
-    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_gpu_autotune_level=0".strip()
     print(f"parallel_tests: {len(ids)} tests in {n} processes, logs in {log_dir}/", flush=True)
 
     start = time.monotonic()

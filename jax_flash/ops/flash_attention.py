@@ -7,6 +7,7 @@ import jax.numpy as jnp
 from .. import reference
 from ..primitives.flash_attention import FlashBwdLaunch, FlashConfig
 from ..primitives.flash_attention_vjp import flash_attention_packed
+from ..primitives.sequence_sharding import SEQUENCE_LAYOUTS
 from . import _checks
 
 _OP = "flash_attention"
@@ -15,13 +16,18 @@ _OP_VARLEN = "flash_attention_varlen"
 
 def _config(
     scale, cap, window, max_seqlen_q, fill_uncovered, implementation, dense, deterministic,
-    bwd_launch=None,
+    bwd_launch=None, sequence_layout="auto",
 ):  # fmt: skip
     if bwd_launch is not None and not isinstance(bwd_launch, FlashBwdLaunch):
         raise TypeError(
             f"{_OP}: _bwd_launch must be a FlashBwdLaunch, got {type(bwd_launch).__name__}"
         )
+    if sequence_layout not in SEQUENCE_LAYOUTS:
+        raise ValueError(
+            f"{_OP}: _sequence_layout must be one of {SEQUENCE_LAYOUTS}, got {sequence_layout!r}"
+        )
     launch = {} if bwd_launch is None else {"_bwd_launch": bwd_launch}
+    launch["_sequence_layout"] = sequence_layout
     return FlashConfig(
         softmax_scale=scale,
         softcap=cap,
@@ -71,6 +77,7 @@ def flash_attention(
     implementation: str | None = None,
     deterministic: bool = False,
     _bwd_launch: FlashBwdLaunch | None = None,
+    _sequence_layout: str = "auto",
 ):
     """Fused multi-head attention ``softmax(q k^T * scale) v`` without materialising the scores.
 
@@ -106,6 +113,9 @@ def flash_attention(
         which accumulates dq with float32 atomics; the CPU kernel is deterministic either way).
     _bwd_launch : private: how the CUDA backward runs (``FlashBwdLaunch``: which kernel on
         Hopper); None: ``default_bwd_launch()``, from the environment.
+    _sequence_layout : private: with the sequence axis sharded under ``jax.jit``, "auto"
+        balances a causal mask over the devices (each computes two half-blocks of rows),
+        "natural" keeps each device on its own rows (to time the difference).
 
     Returns
     -------
@@ -169,7 +179,7 @@ def flash_attention(
     k_len = jnp.full((B,), Skv, jnp.int32) if kv_seqlens is None else jnp.clip(kv_seqlens, 0, Skv)
     config = _config(
         scale, cap, window, Sq, q_seqlens is not None, implementation, True, deterministic,
-        _bwd_launch,
+        _bwd_launch, _sequence_layout,
     )  # fmt: skip
     o, lse = flash_attention_packed(
         q.reshape(B * Sq, Hq, D),

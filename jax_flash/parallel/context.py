@@ -518,8 +518,7 @@ def context_parallel_attention(
     _checks.implementation(op, implementation)
     _checks.boolean(op, "deterministic", deterministic)
     if layout == "auto":
-        balanced = window == (-1, 0) and S % (2 * n) == 0
-        layout = "zigzag" if balanced else "natural"
+        layout = "zigzag" if zigzag.balances(window, S, n) else "natural"
     if layout == "zigzag":
         zigzag.check_divisible(op, S, n)
     shuffle = layout == "zigzag" and reorder and n > 1

@@ -12,7 +12,10 @@ Two forms of the same permutation:
   reorder is paid once per model instead of once per attention layer.
 - `shard_to_zigzag` / `shard_from_zigzag` do it inside `jax.shard_map` on per-device blocks of a
   naturally ordered sequence, with two `ppermute`s: each device sends each half of its block
-  straight to its new owner (no all-gather).
+  straight to its new owner (no all-gather). The partitioned lowering of a sequence-sharded
+  `flash_attention` balances a causal mask with them too (primitives/sequence_sharding.py).
+
+`balances` says where the layout evens out the work: both uses ask it.
 """
 
 from __future__ import annotations
@@ -25,6 +28,14 @@ import numpy as np
 def _chunk_order(n: int) -> np.ndarray:
     """Natural chunk indices in zigzag order: 0, 2n-1, 1, 2n-2, ..."""
     return np.stack([np.arange(n), 2 * n - 1 - np.arange(n)], axis=1).reshape(-1)
+
+
+def balances(window: tuple[int, int], seq_len: int, n: int) -> bool:
+    """Does the zigzag layout balance this mask over n devices? Causal with no left window (a
+    query's work grows linearly with its position, which the pairing of chunks d and 2n-1-d
+    evens out) and a sequence of 2n equal chunks. ``window`` as `reference.normalize_window`
+    gives it."""
+    return tuple(window) == (-1, 0) and n > 1 and seq_len % (2 * n) == 0
 
 
 def check_divisible(op: str, seq_len: int, n: int):

@@ -82,6 +82,10 @@ class FlashConfig:
     # Backward only (the forward ignores it): no atomics in any accumulation, so gradients are
     # bit-identical run to run.
     deterministic: bool = False
+    # Private: the q rows each device computes when the sequence axis is sharded
+    # (sequence_sharding.row_layout): "auto" balances causal masks, "natural" keeps each device
+    # on its own rows (benchmarks time both).
+    _sequence_layout: str = "auto"
     # Private, backward only: the launch options (tests pick the backward kernel through it);
     # default_bwd_launch() unless set.
     _bwd_launch: FlashBwdLaunch = dataclasses.field(default_factory=default_bwd_launch)
@@ -187,12 +191,16 @@ def shard_local_starts(got):
 
 def _per_shard(config, got):
     seq = SequenceShards.of(got)
-    if seq is not None:  # context parallelism: this device's q rows against all of its K/V
+    if seq is not None:  # context parallelism: q rows (balanced) against all of their K/V
 
         def cp_call(q, k, v, *starts):
             k, v = seq.gather_kv(k), seq.gather_kv(v)
-            local, starts = seq.local_call(config, q, k, *starts)
-            return flash_attention_p.bind(q, k, v, *starts, config=local)
+            layout = seq.layout(config, q.shape[0])
+            calls = seq.segment_calls(config, layout, q.shape[0], k.shape[0], *starts)
+            # The zigzag layout's two half-blocks run as two packed sequences of one call.
+            local, starts = seq.packed(config, calls)
+            o, lse = flash_attention_p.bind(seq.to_layout(layout, q), k, v, *starts, config=local)
+            return seq.from_layout(layout, o), seq.from_layout(layout, lse, axis=1)
 
         return cp_call
     localise = shard_local_starts(got)

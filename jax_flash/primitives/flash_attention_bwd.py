@@ -17,6 +17,8 @@ custom_vjp around the forward's bind) is in flash_attention_vjp.py.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -111,16 +113,37 @@ def _rule(config, shapes_in, shapes_out):
     )
 
 
+def _sum_in_float32(xs):
+    """The sum of the calls' dK (or dV), one rounding to their dtype."""
+    if len(xs) == 1:
+        return xs[0]
+    return sum(x.astype(jnp.float32) for x in xs).astype(xs[0].dtype)
+
+
 def _per_shard(config, got):
     seq = SequenceShards.of(got)
     if seq is not None:  # context parallelism, as the forward's; dK/dV summed over q's shards
 
         def cp_call(q, k, v, o, lse, do, dlse, *starts):
             kf, vf = seq.gather_kv(k), seq.gather_kv(v)
-            local, starts = seq.local_call(config, q, kf, *starts)
-            dq, dk, dv = flash_attention_bwd_p.bind(
-                q, kf, vf, o, lse, do, dlse, *starts, config=local
-            )
+            layout = seq.layout(config, q.shape[0])
+            calls = seq.segment_calls(config, layout, q.shape[0], kf.shape[0], *starts)
+            rows = [seq.to_layout(layout, x) for x in (q, o, do)]
+            heads = [seq.to_layout(layout, x, axis=1) for x in (lse, dlse)]
+            # One call per run of rows: packed sequences may not share k rows in the backward
+            # (each writes its dK/dV rows), and the zigzag half-blocks read the same keys.
+            grads = []
+            for seg, q_len, k_len in calls:
+                part = slice(seg.start, seg.start + seg.length)
+                own = dataclasses.replace(seg, start=0)
+                local, starts = seq.packed(config, [(own, q_len, k_len)])
+                grads.append(flash_attention_bwd_p.bind(
+                    rows[0][part], kf, vf, rows[1][part], heads[0][:, part], rows[2][part],
+                    heads[1][:, part], *starts, config=local,
+                ))  # fmt: skip
+            dqs, dks, dvs = zip(*grads, strict=True)
+            dq = seq.from_layout(layout, jnp.concatenate(dqs))
+            dk, dv = _sum_in_float32(dks), _sum_in_float32(dvs)
             return dq, seq.reduce_kv_grad(dk), seq.reduce_kv_grad(dv)
 
         return cp_call
