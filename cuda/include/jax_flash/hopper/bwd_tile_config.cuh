@@ -13,7 +13,9 @@
 // ([kBlockN][head_dim], head_dim / 64 column panels of 128-byte rows, TMA's SWIZZLE_128B), a
 // kStages-deep ring of Q and dO tiles (same layout, kBlockM rows), two dS^T buffers
 // ([kBlockN keys][kBlockM queries], one 128-byte-swizzled panel: the MN-major A operand of
-// dQ = dS K), a kStages ring of lse (log2 units) and Delta rows, then the mbarriers.
+// dQ = dS K), the float32 staging of dQ's TMA reduce-add (two 128-byte-swizzled boxes of 32
+// columns per dQ warpgroup), a kStages ring of lse (log2 units) and Delta rows, then the
+// mbarriers.
 #pragma once
 
 #include <cstdint>
@@ -43,7 +45,11 @@ struct HopperBwdTraits {
   static constexpr int kOffQ = kOffV + kSmemKV;
   static constexpr int kOffDo = kOffQ + kStages * kSmemQ;
   static constexpr int kOffDs = kOffDo + kStages * kSmemQ;
-  static constexpr int kOffLse = kOffDs + 2 * kSmemDs;
+  // dQ staging for its TMA reduce-add: per dQ warpgroup a [kBlockM][64] float32 panel as two
+  // 128-byte-swizzled boxes of 32 columns (kBlockM rows of 128 bytes each).
+  static constexpr int kSmemDqPanel = kBlockM * 64 * 4;
+  static constexpr int kOffDq = kOffDs + 2 * kSmemDs;
+  static constexpr int kOffLse = kOffDq + kDqWarpgroups * kSmemDqPanel;
   static constexpr int kOffDelta = kOffLse + kStages * kBlockM * 4;
   static constexpr int kOffBars = kOffDelta + kStages * kBlockM * 4;
   // mbarriers (8 bytes each): kv_full, then q_full per stage (a stage is free again once both

@@ -16,8 +16,9 @@
 //           (times 1 - tanh^2 under a soft cap)
 //     dV += P^T dO, dK += dS^T Q       wgmma rs (P^T / dS^T register fragments, dO / Q MN-major)
 //     dS^T stored to shared memory; dQ = dS K   wgmma ss with both operands MN-major, split by
-//           64-column panels over the warpgroups, added to the float32 accumulator with
-//           atomics (deterministic mode: in ascending key-block order, per-(head, query tile)
+//           64-column panels over the warpgroups, staged in shared memory and added to the
+//           float32 accumulator by a TMA reduce-add (per-thread atomics for a sequence's last,
+//           partial query block) (deterministic mode: in ascending key-block order, per-(head, query tile)
 //           turn counters and the visit order of flash_bwd_visit, as in the mma.sync kernel).
 // dK/dV stay in registers across all visits (no atomics for them); the epilogue scales dK and
 // writes both for the block's keys.
@@ -71,7 +72,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                             const __grid_constant__ CUtensorMap tm_q,
                             const __grid_constant__ CUtensorMap tm_k,
                             const __grid_constant__ CUtensorMap tm_v,
-                            const __grid_constant__ CUtensorMap tm_do) {
+                            const __grid_constant__ CUtensorMap tm_do,
+                            const __grid_constant__ CUtensorMap tm_dq) {
 #if defined(JAX_FLASH_SM90A)
   using mma_detail::fast_exp2;
   using mma_detail::pack2;
@@ -94,6 +96,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const uint32_t sQ = base + Tr::kOffQ;
   const uint32_t sdO = base + Tr::kOffDo;
   const uint32_t sdS = base + Tr::kOffDs;
+  const uint32_t sDq = base + Tr::kOffDq;
   float* s_lse = reinterpret_cast<float*>(base_ptr + Tr::kOffLse);      // [S][BM]
   float* s_delta = reinterpret_cast<float*>(base_ptr + Tr::kOffDelta);  // [S][BM]
   const uint32_t bars = base + Tr::kOffBars;
@@ -173,6 +176,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
 
   const int cw = wg;           // warpgroup: keys 64 cw .. 64 cw + 63 of the block
+  // The thread that issues this warpgroup's dQ reduce-adds (where the warpgroup computes dQ).
+  const bool dq_issuer = cw < Tr::kDqWarpgroups && (tid & 127) == 0;
   const int ctid = tid;        // 0..255
   const int g = lane >> 2;     // accumulator row (and +8) within the warp's 16
   const int t = lane & 3;      // accumulator column pair
@@ -329,6 +334,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     fence_proxy_async();
     int32_t* turn = nullptr;
     if constexpr (kDeterministic) turn = flash_bwd_take_dq_turn(ws, v.kt, h, m, lo, BN, ctid == 0);
+    // The last visit's dQ reduce-add has read this warpgroup's staging (rewritten below).
+    if (dq_issuer) bulk_wait_read<0>();
     named_sync(1, 256);
 
     // dQ (unscaled) = dS K for head-dim panel cw: A = dS^T read MN-major (m = queries,
@@ -351,7 +358,35 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if (warp == 0 && it + S - 1 < v.items) issue_loads(it + S - 1);
     wgmma_wait<0>();
     fence_dkv();
-    if (cw < Tr::kDqWarpgroups) {
+    if (cw < Tr::kDqWarpgroups && rows == BM) {
+      // A whole query block: dQ's 64 x 64 panel staged in shared memory (two 128-byte-swizzled
+      // boxes of 32 float32 columns) and added to the accumulator by one TMA reduce-add.
+      reg_fence(dq);
+      // Element pair (row r, columns c, c + 1), c = 8j + 2t: box j / 4, 16-byte chunk
+      // (2 (j % 4) + t / 2) of row r, swizzled by r % 8 = g, 8 bytes in for odd t.
+      const uint32_t row0 = sDq + cw * Tr::kSmemDqPanel + (16 * (warp & 3) + g) * 128 + (t & 1) * 8;
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const uint32_t addr = row0 + hf * 8 * 128 + (j / 4) * (BM * 128) +
+                                (((2 * (j % 4) + (t >> 1)) ^ g) << 4);
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr),
+                       "f"(dq[4 * j + 2 * hf]), "f"(dq[4 * j + 2 * hf + 1])
+                       : "memory");
+        }
+      }
+      const uint32_t panel = sDq + cw * Tr::kSmemDqPanel;
+      fence_proxy_async();
+      named_sync(2 + cw, 128);
+      if (dq_issuer) {
+        tma_reduce_add_3d(&tm_dq, panel, 64 * cw, h, e.q_start + m0);
+        tma_reduce_add_3d(&tm_dq, panel + BM * 128, 64 * cw + 32, h, e.q_start + m0);
+        bulk_commit();
+      }
+    } else if (cw < Tr::kDqWarpgroups) {
+      // The sequence's last, partial query block: the rows past it belong to the next
+      // sequence (or to no one), so each thread adds its own valid rows.
       reg_fence(dq);
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
@@ -368,10 +403,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
     }
     if constexpr (kDeterministic) {
-      named_sync(1, 256);  // every thread's adds issued
+      if (dq_issuer) bulk_wait<0>();  // the reduce-add has completed
+      named_sync(1, 256);             // every thread's adds issued
       if (ctid == 0) flash_bwd_pass_dq_turn(turn);
     }
   }
+  // Shared memory must outlive the reduce-adds that read it.
+  if (dq_issuer) bulk_wait<0>();
 
   // Epilogue: dK (scaled) and dV of this thread's key rows, straight from the fragments
   // (element i: key row kr + 8 * (i / 2 % 2), column 8 * (i / 4) + 2 * t + i % 2).

@@ -29,11 +29,14 @@ inline bool sm90a_code_runs_here() {
 #endif
 }
 
-// A 3-d tensor map over a packed [rows, heads, cols] tensor (row stride `row_stride` elements,
-// heads contiguous), boxes of 64 columns x 1 head x box_rows rows, 128-byte swizzled; elements
-// past the tensor read as zeros. False when the driver rejects it.
-inline bool make_tensor_map(CUtensorMap* map, const void* ptr, DType dtype, int cols, int heads,
-                            int rows, int64_t row_stride, int box_rows) {
+// A 3-d tensor map over a packed [rows, heads, cols] tensor of `elem_bytes`-byte elements
+// (row stride `row_stride` elements, heads contiguous), boxes of box_cols columns x 1 head x
+// box_rows rows, 128-byte swizzled (box_cols * elem_bytes must be 128 at most); elements past the
+// tensor read as zeros (and are skipped by stores and reductions). False when the driver
+// rejects it.
+inline bool make_tensor_map_3d(CUtensorMap* map, const void* ptr, CUtensorMapDataType type,
+                               int elem_bytes, int cols, int heads, int rows, int64_t row_stride,
+                               int box_cols, int box_rows) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult res;
@@ -46,16 +49,23 @@ inline bool make_tensor_map(CUtensorMap* map, const void* ptr, DType dtype, int 
   if (encode == nullptr) return false;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(heads),
                               static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(cols) * 2,
-                                 static_cast<cuuint64_t>(row_stride) * 2};
-  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(box_rows)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(cols) * elem_bytes,
+                                 static_cast<cuuint64_t>(row_stride) * elem_bytes};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(box_cols), 1,
+                             static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t elem_strides[3] = {1, 1, 1};
-  const CUtensorMapDataType type = dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                             : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   return encode(map, type, 3, const_cast<void*>(ptr), dims, strides, box, elem_strides,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The 16-bit q / k / v / o tensors' map: boxes of one 64-column panel (128 bytes) x box_rows.
+inline bool make_tensor_map(CUtensorMap* map, const void* ptr, DType dtype, int cols, int heads,
+                            int rows, int64_t row_stride, int box_rows) {
+  const CUtensorMapDataType type = dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                             : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return make_tensor_map_3d(map, ptr, type, 2, cols, heads, rows, row_stride, 64, box_rows);
 }
 
 }  // namespace jax_flash::hopper
