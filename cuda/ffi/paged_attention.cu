@@ -1,5 +1,6 @@
 // XLA FFI handler: jax_flash_paged_attention_cuda. Paged decode attention (and, for
-// num_splits > 1, the split-KV merge) on the CUDA kernels of jax_flash/paged_attention.cuh.
+// num_splits > 1, the split-KV merge) on the CUDA kernels of jax_flash/paged_attention.cuh;
+// multi-token queries on Hopper on the prefill kernel (hopper/paged_prefill_launch.cuh).
 // Never synchronizes the stream and never allocates (the split-KV scratch comes in as the
 // o_partial / lse_partial results), so XLA may capture it in a CUDA graph.
 #include <cuda_runtime.h>
@@ -9,6 +10,7 @@
 #include "cuda_status.h"
 #include "paged_common.h"
 #include "registry.h"
+#include "jax_flash/hopper/paged_prefill_launch.cuh"
 #include "jax_flash/paged_attention.cuh"
 
 namespace jax_flash::paged_ffi {
@@ -56,6 +58,12 @@ static ffi::Error PagedAttentionCuda(
                        "Hkv heads and q 16-byte aligned");
   if (!paged_attention_cuda_supported(p))
     return invalid(op, "unsupported combination of dtypes, head dims and scale mode");
+  // Multi-token queries on Hopper: the prefill kernel over the pages (o and lse directly; it
+  // declines, launching nothing, where its key boxes do not fit the page size).
+  if (p.batch > 0 && paged_attention_hopper_supported(p)) {
+    const cudaError_t status = paged_attention_hopper(p, stream);
+    if (status != cudaErrorNotSupported) return cuda_status(op, status);
+  }
   const cudaError_t status = paged_attention_cuda(p, stream);
   return cuda_status(op, status);
 }

@@ -62,6 +62,19 @@ foreach(tag f16 bf16)
     ARGS ${_jf_hopper_args})
 endforeach()
 
+# Paged multi-token queries on the Hopper prefill kernel (code only in the sm_90a pass): one file
+# per 16-bit dtype with every tile width.
+foreach(tag f16 bf16)
+  set(_jf_hopper_args "")
+  foreach(d IN LISTS _jf_head_dims)
+    list(APPEND _jf_hopper_args "${_jf_type_${tag}}, ${d}")
+  endforeach()
+  jax_flash_instantiate(paged_attention_hopper_${tag}
+    HEADER jax_flash/hopper/paged_prefill_launch.cuh FUNCTION run_paged_attention_hopper
+    PARAMS PagedAttentionParams WHAT "${_jf_type_${tag}}, tile widths ${_jf_head_dims_text}"
+    ARGS ${_jf_hopper_args})
+endforeach()
+
 # Paged decode: q of each dtype (tag) with a cache of its own type (file <kernel>_<tag>) and with
 # the quantized caches (<kernel>_<tag>_q8). The template arguments follow `same` / `quant`, in
 # which @T@, @TC@ and @D@ stand for the q type, the cache type and the head dim.

@@ -36,6 +36,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "jax_flash/flash_attention_common.cuh"
 #include "jax_flash/flash_params.h"
@@ -52,24 +53,80 @@ using mma_detail::ld_shared_v4;
 using mma_detail::pack2;
 using mma_detail::st_shared_b32;
 
-// Work item w: (sequence, query tile, head). False past the last item. Whole warp.
-template <int BM>
-__device__ __forceinline__ bool find_work(const FlashParams& p, int64_t w, FlashTileCursor& cur,
-                                          FlashTile& ft, int& head, int& m0) {
+// Where the key / value rows come from.
+// PackedKv: the packed k / v tensors of FlashParams (row k_start + j holds key j of a sequence).
+struct PackedKv {
+  static constexpr bool kPaged = false;
+};
+// PagedKv: paged_attention's page pools [num_pages * page_size, Hkv, D] and block tables (its
+// multi-token queries: chunked prefill against the cache). FlashParams then describes q / o as
+// batch sequences of max_seqlen_q = Sq rows each (q_starts... unused), k / v as the pools
+// (total_k = num_pages * page_size), and lse as paged_params.h's [batch, Hq, Sq]. Key j of
+// sequence b is pool row block_tables[b, j / page_size] * page_size + j % page_size; a tile of
+// keys is loaded as kBlockN / box_rows TMA boxes (box_rows = min(page_size, kBlockN), a multiple
+// of 16, dividing kBlockN or page_size). A sequence whose kv length is outside
+// [0, max_pages * page_size], or whose first ceil(kv_len / page_size) ids are not all in
+// [0, num_pages), is bad: its rows get o = NaN and lse = NaN and nothing of it is read (the
+// paged contract). Ids past a sequence's length are never read either.
+struct PagedKv {
+  static constexpr bool kPaged = true;
+  const int32_t* block_tables;  // [batch, max_pages]
+  const int32_t* kv_lens;       // [batch]
+  int32_t max_pages;
+  int32_t page_size;
+  int32_t num_pages;
+  int32_t box_rows;
+};
+
+// Whether paged sequence b with kv length klen is bad (PagedKv). Whole warp.
+__device__ __forceinline__ bool paged_sequence_bad(const PagedKv& kv, int b, int32_t klen) {
+  if (klen < 0 || static_cast<int64_t>(klen) > static_cast<int64_t>(kv.max_pages) * kv.page_size)
+    return true;
+  const int pages = static_cast<int>((static_cast<int64_t>(klen) + kv.page_size - 1) / kv.page_size);
+  const int32_t* bt = kv.block_tables + static_cast<int64_t>(b) * kv.max_pages;
+  bool bad = false;
+  for (int i = static_cast<int>(threadIdx.x & 31); i < pages; i += 32) {
+    const int32_t id = __ldg(bt + i);
+    bad |= id < 0 || id >= kv.num_pages;
+  }
+  return __any_sync(0xffffffffu, bad);
+}
+
+// Work item w: (sequence, query tile, head). False past the last item. Whole warp. `bad`: a
+// paged sequence with bad data (PagedKv; its extent then has no keys).
+template <int BM, class Kv>
+__device__ __forceinline__ bool find_work(const FlashParams& p, const Kv& kv, int64_t w,
+                                          FlashTileCursor& cur, FlashTile& ft, int& head,
+                                          int& m0, bool& bad) {
   const int64_t tile = w / p.num_heads;
   head = static_cast<int>(w - tile * p.num_heads);
-  if (!flash_find_tile_warp(p, BM, tile, cur, ft)) return false;
+  bad = false;
+  if constexpr (Kv::kPaged) {
+    // Every sequence has Sq rows: ceil(Sq / BM) tiles each, no search.
+    const int sq = p.max_seqlen_q;
+    const int tiles = (sq + BM - 1) / BM;
+    const int64_t b = tile / tiles;
+    if (b >= p.batch) return false;
+    ft.b = static_cast<int32_t>(b);
+    ft.m = static_cast<int32_t>(tile - b * tiles);
+    ft.num_m = tiles;
+    const int32_t klen = __ldg(kv.kv_lens + b);
+    bad = paged_sequence_bad(kv, ft.b, klen);
+    ft.ext = SeqExtent{static_cast<int32_t>(b * sq), sq, 0, bad ? 0 : klen};
+  } else {
+    if (!flash_find_tile_warp(p, BM, tile, cur, ft)) return false;
+  }
   m0 = (ft.num_m - 1 - ft.m) * BM;  // the heaviest causal tile of a sequence first
   return true;
 }
 
 
-template <typename T, class Tr, bool kSoftcap>
+template <typename T, class Tr, bool kSoftcap, class Kv = PackedKv>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     flash_fwd_hopper_kernel(const __grid_constant__ FlashParams p,
                             const __grid_constant__ CUtensorMap tm_q,
                             const __grid_constant__ CUtensorMap tm_k,
-                            const __grid_constant__ CUtensorMap tm_v) {
+                            const __grid_constant__ CUtensorMap tm_v, const Kv kv) {
 #if defined(JAX_FLASH_SM90A)
   constexpr int D = Tr::kHeadDim;
   constexpr int BM = Tr::kBlockM;
@@ -131,13 +188,65 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       for (int c = 0; c < Tr::kPanels; ++c)
         tma_load_3d(ring + st * Tr::kSmemKV + c * Tr::kPanelKV, tm, full(st), c * 64, kv_head, row);
     };
+    // A paged K or V tile into stage st of the ring: box c (keys n * BN + c * box_rows ...) from
+    // pool row `row` of lane c (the warp's lanes find the rows in parallel: one id each); lane 0
+    // issues the loads, every panel of every box.
+    auto load_kv_paged = [&](const CUtensorMap* tm, uint32_t ring, auto full, auto empty, int st,
+                             int ph, int kv_head, int row, int boxes) {
+      if constexpr (Kv::kPaged) {
+        if (lane == 0) {
+          mbar_wait(empty(st), ph ^ 1);
+          mbar_arrive_expect_tx(full(st), Tr::kSmemKV);
+        }
+        for (int c = 0; c < boxes; ++c) {
+          const int box_row = __shfl_sync(0xffffffffu, row, c);
+          if (lane == 0) {
+#pragma unroll
+            for (int pc = 0; pc < Tr::kPanels; ++pc)
+              tma_load_3d(ring + st * Tr::kSmemKV + pc * Tr::kPanelKV + c * kv.box_rows * 128, tm,
+                          full(st), pc * 64, kv_head, box_row);
+          }
+        }
+      }
+    };
     for (int64_t w = blockIdx.x;; w += gridDim.x) {
       FlashTile ft;
       int head, m0;
-      if (!find_work<BM>(p, w, cur, ft, head, m0)) break;
+      bool bad;
+      if (!find_work<BM>(p, kv, w, cur, ft, head, m0, bad)) break;
       const FlashKeyTiles kt = flash_key_tiles<BM, BN>(p, ft.ext, m0);
-      if (kt.n_last < kt.n_first) continue;  // the consumers write zeros
-      if (lane == 0) {
+      if (bad || kt.n_last < kt.n_first) continue;  // the consumers write NaN / zeros
+      if constexpr (Kv::kPaged) {
+        const int kv_head = head / (p.num_heads / p.num_heads_k);
+        // The whole warp walks the key tiles. A box past the sequence's keys gets a row before
+        // the pool's first: TMA fills it with zeros (those keys are masked), and no id past the
+        // sequence's pages is read.
+        const int boxes = BN / kv.box_rows;
+        const int32_t* bt = kv.block_tables + static_cast<int64_t>(ft.b) * kv.max_pages;
+        bool first = true;
+        for (int n = kt.n_last; n >= kt.n_first; --n) {
+          const int key = n * BN + lane * kv.box_rows;
+          int row = -kv.box_rows;
+          if (lane < boxes && key < ft.ext.k_len)
+            row = __ldg(bt + key / kv.page_size) * kv.page_size + key % kv.page_size;
+          load_kv_paged(&tm_k, sK, k_full, k_empty, stage, phase, kv_head, row, boxes);
+          if (first && lane == 0) {
+            // Q after the first K tile, as below.
+            mbar_wait(q_empty, q_phase ^ 1);
+            mbar_arrive_expect_tx(q_full, Tr::kSmemQ);
+#pragma unroll
+            for (int c = 0; c < Tr::kPanels; ++c)
+              tma_load_3d(sQ + c * Tr::kPanelQ, &tm_q, q_full, c * 64, head,
+                          ft.ext.q_start + m0);
+          }
+          first = false;
+          load_kv_paged(&tm_v, sV, v_full, v_empty, stage, phase, kv_head, row, boxes);
+          if (++stage == S) {
+            stage = 0;
+            phase ^= 1;
+          }
+        }
+      } else if (lane == 0) {
         const int kv_head = head / (p.num_heads / p.num_heads_k);
         bool first = true;
         for (int n = kt.n_last; n >= kt.n_first; --n) {
@@ -187,13 +296,34 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   for (int64_t w = blockIdx.x;; w += gridDim.x) {
     FlashTile ft;
     int head, m0;
-    if (!find_work<BM>(p, w, cur, ft, head, m0)) break;
+    bool bad;
+    if (!find_work<BM>(p, kv, w, cur, ft, head, m0, bad)) break;
     const SeqExtent e = ft.ext;
     const FlashKeyTiles kt = flash_key_tiles<BM, BN>(p, e, m0);
     T* o_tile = static_cast<T*>(p.o) + static_cast<int64_t>(e.q_start + m0) * p.o_row_stride +
                 static_cast<int64_t>(head) * p.head_dim_v;
-    float* lse_tile =
-        p.lse == nullptr ? nullptr : p.lse + static_cast<int64_t>(head) * p.total_q + e.q_start + m0;
+    // lse: [Hq, total_q], or PagedKv's [batch, Hq, Sq].
+    float* lse_tile = nullptr;
+    if (p.lse != nullptr) {
+      lse_tile = Kv::kPaged
+                     ? p.lse + (static_cast<int64_t>(ft.b) * p.num_heads + head) * p.max_seqlen_q + m0
+                     : p.lse + static_cast<int64_t>(head) * p.total_q + e.q_start + m0;
+    }
+
+    if (bad) {
+      // A paged sequence with bad data: o = NaN, lse = NaN on its rows (paged_params.h).
+      // 16-bit NaN pairs: 0x7e00 (fp16) / 0x7fc0 (bf16) in both halves.
+      const uint32_t nan2 = std::is_same_v<T, __half> ? 0x7e007e00u : 0x7fc07fc0u;
+      for (int i = wtid; i < 64 * (D / 8); i += 128) {
+        const int r = 64 * cw + i / (D / 8);
+        if (m0 + r < e.q_len && (i % (D / 8)) < dv_chunks) {
+          *reinterpret_cast<uint4*>(o_tile + static_cast<int64_t>(r) * p.o_row_stride +
+                                    (i % (D / 8)) * 8) = make_uint4(nan2, nan2, nan2, nan2);
+          if (lse_tile != nullptr && i % (D / 8) == 0) lse_tile[r] = __int_as_float(0x7fc00000);
+        }
+      }
+      continue;
+    }
 
     if (kt.n_last < kt.n_first) {
       // No key visible to any row: o = 0, lse = -inf, written straight from registers.

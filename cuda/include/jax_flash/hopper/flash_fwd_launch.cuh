@@ -49,25 +49,33 @@ inline bool flash_attention_hopper_supported(const FlashParams& p) {
 
 namespace hopper {
 
-template <typename T, class Tr, bool kSoftcap>
-cudaError_t launch_flash_hopper(const FlashParams& p, cudaStream_t stream) {
+template <typename T, class Tr, bool kSoftcap, class Kv = PackedKv>
+cudaError_t launch_flash_hopper(const FlashParams& p, cudaStream_t stream, const Kv& kv = Kv{}) {
+  // K / V boxes: whole key tiles, or PagedKv's box_rows (a page, or a tile's share of one).
+  int kv_box_rows = Tr::kBlockN;
+  if constexpr (Kv::kPaged) kv_box_rows = kv.box_rows;
   CUtensorMap tm_q, tm_k, tm_v;
   if (!make_tensor_map(&tm_q, p.q, p.dtype, p.head_dim, p.num_heads, p.total_q, p.q_row_stride,
                        Tr::kBlockM) ||
       !make_tensor_map(&tm_k, p.k, p.dtype, p.head_dim, p.num_heads_k, p.total_k, p.k_row_stride,
-                       Tr::kBlockN) ||
+                       kv_box_rows) ||
       !make_tensor_map(&tm_v, p.v, p.dtype, p.head_dim_v, p.num_heads_k, p.total_k,
-                       p.v_row_stride, Tr::kBlockN))
+                       p.v_row_stride, kv_box_rows))
     return cudaErrorNotSupported;
   int dev = 0, sms = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   if (err != cudaSuccess) return err;
   // Work items: (query tile slot, head); a persistent CTA per SM strides over them.
-  const int64_t items = flash_num_tile_slots(p, Tr::kBlockM) * p.num_heads;
+  int64_t tiles = 0;
+  if constexpr (Kv::kPaged)
+    tiles = static_cast<int64_t>(p.batch) * ((p.max_seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM);
+  else
+    tiles = flash_num_tile_slots(p, Tr::kBlockM);
+  const int64_t items = tiles * p.num_heads;
   const int grid = static_cast<int>(items < sms ? items : sms);
-  return launch_with_smem<flash_fwd_hopper_kernel<T, Tr, kSoftcap>>(
-      grid, Tr::kThreads, Tr::kSmemBytes, stream, p, tm_q, tm_k, tm_v);
+  return launch_with_smem<flash_fwd_hopper_kernel<T, Tr, kSoftcap, Kv>>(
+      grid, Tr::kThreads, Tr::kSmemBytes, stream, p, tm_q, tm_k, tm_v, kv);
 }
 
 }  // namespace hopper

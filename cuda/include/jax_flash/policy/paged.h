@@ -143,4 +143,26 @@ inline int paged_num_splits(int64_t batch, int64_t num_heads_k, int64_t group, i
   return static_cast<int>(pow2);
 }
 
+// Multi-token queries (chunked prefill against the cache) on the Hopper prefill kernel
+// (hopper/paged_prefill_launch.cuh): the smallest Sq that takes it. Below it (speculative
+// decoding's few tokens) the decode kernels fold Sq x group rows into their tiles; a 128-row
+// prefill tile would be mostly padding. Not yet measured on a GPU: a first guess.
+constexpr int64_t kPagedHopperMinSq = 64;
+
+// Whether the Hopper prefill kernel takes a paged call of these dtypes and shapes where the
+// device and build have it: the default launch choice (kAuto: the explicit kernel choices keep
+// their kernels), Sq >= kPagedHopperMinSq, q float16 / bfloat16 with a cache of its dtype (no
+// scales), tensor-core head dims (paged_mma_head_dims_supported; the kernel's tile of
+// paged_mma_tile_dim) and pages of a multiple of 16 rows (one TMA box each, 1024-byte aligned
+// in shared memory; the launcher also needs a page to divide the key tile or the tile a page).
+inline bool paged_hopper_takes(PagedKernel kernel, DType dtype, CacheDType cache_dtype,
+                               ScaleMode scale_mode, int64_t seqlen_q, int64_t head_dim,
+                               int64_t head_dim_v, int64_t page_size) {
+  const bool f16 = dtype == DType::kFloat16 && cache_dtype == CacheDType::kFloat16;
+  const bool bf16 = dtype == DType::kBFloat16 && cache_dtype == CacheDType::kBFloat16;
+  return kernel == PagedKernel::kAuto && seqlen_q >= kPagedHopperMinSq && (f16 || bf16) &&
+         scale_mode == ScaleMode::kNone && paged_mma_head_dims_supported(head_dim, head_dim_v) &&
+         page_size >= 16 && page_size % 16 == 0;
+}
+
 }  // namespace jax_flash::policy
