@@ -44,7 +44,8 @@ class FlashBwdLaunch:
 
     hopper_kernel: on a compute capability 9.0 device, "hopper" runs the wgmma backward
     (hopper/flash_bwd_kernel.cuh) on the calls it takes, "mma" keeps them on the mma.sync
-    backward (timing both kernels in one build, or avoiding the newer one)."""
+    backward (the SIMT backward for the head dims that one does not take: all but 64 and 128),
+    to time both kernels in one build or to avoid the newer one."""
 
     hopper_kernel: str = "hopper"
 
