@@ -11,8 +11,9 @@ each reserving most of it (tests/conftest.py turns XLA's GEMM autotuning off in 
 process). The collected test ids are dealt out round-robin (neighbouring ids of
 a file go to different processes, so slow parametrisations spread out). Each process writes its
 log to --log-dir; the summary prints each one's last line and the failures, and the exit status
-is non-zero if any process failed or ran past --timeout (it is interrupted with SIGINT, so pytest
-still prints what ran).
+is non-zero if any process failed or ran past --timeout (all those still running are interrupted
+with SIGINT together, so pytest still prints what ran, and killed 30 s later). A SIGTERM (an
+outer `timeout`) kills every process before exiting.
 """
 
 from __future__ import annotations
@@ -60,19 +61,38 @@ def main(argv=None) -> int:
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", *shard]
         procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log))
 
+    # Terminated from outside (an outer `timeout`): the shards go too, so that none is left
+    # running on the machine (on a GPU, a shard left behind slows whatever runs next).
+    def terminate(signum, frame):
+        for p, _ in procs:
+            if p.poll() is None:
+                p.kill()
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminate)
     timed_out = set()
-    for i, (p, log) in enumerate(procs):
+    for p, _ in procs:
         left = args.timeout - (time.monotonic() - start)
         try:
             p.wait(timeout=max(left, 0.0))
         except subprocess.TimeoutExpired:
-            timed_out.add(i)
-            p.send_signal(signal.SIGINT)
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            break
+    # Past --timeout: every shard still running is interrupted at once (pytest then prints what
+    # ran), given one shared grace period (a shard inside an XLA compile reacts only when the
+    # compile returns), then killed.
+    running = [i for i, (p, _) in enumerate(procs) if p.poll() is None]
+    for i in running:
+        timed_out.add(i)
+        procs[i][0].send_signal(signal.SIGINT)
+    grace_end = time.monotonic() + 30
+    for i in running:
+        p = procs[i][0]
+        try:
+            p.wait(timeout=max(grace_end - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    for _, log in procs:
         log.close()
 
     failed = False
