@@ -344,24 +344,18 @@ __device__ __forceinline__ bool flash_bwd_find_visits(const FlashParams& p, int3
 }
 
 // Visit `it` (0 <= it < v.items) of key tile v of kv head kv_head: its query head *h and query
-// tile *m. The fast mode walks the group's heads one after another, each over its query tiles in
-// ascending order. The deterministic mode walks the query tiles in descending order, every head
-// of the group at each tile: key block n then adds to (h, m) as the same visit index as block
-// n - 1 (both start at the sequence's last visited tile, and a query tile's key interval moves
-// right with the tile), so each block trails its turn-order predecessor by one visit. In
-// ascending order block n's first tile (2n under a causal mask with 128 keys per block and 64
-// rows per tile) is block n - 1's third visit, so block n would wait for most of the chain
-// before it to get going and hold its SM idle meanwhile.
-template <bool kDeterministic>
+// tile *m. Both modes walk the query tiles in descending order, every head of the group at each
+// tile, so that the deterministic mode's dK/dV (summed in registers in visit order) are
+// bit-identical to the fast mode's. The order is the deterministic mode's: key block n then adds
+// to (h, m) as the same visit index as block n - 1 (both start at the sequence's last visited
+// tile, and a query tile's key interval moves right with the tile), so each block trails its
+// turn-order predecessor by one visit. In ascending order block n's first tile (2n under a causal
+// mask with 128 keys per block and 64 rows per tile) is block n - 1's third visit, so block n
+// would wait for most of the chain before it to get going and hold its SM idle meanwhile.
 __device__ __forceinline__ void flash_bwd_visit(const FlashBwdVisits& v, int kv_head, int it,
                                                 int* h, int* m) {
-  if constexpr (kDeterministic) {
-    *h = kv_head * v.group + it % v.group;
-    *m = v.m_first + v.per_head - 1 - it / v.group;
-  } else {
-    *h = kv_head * v.group + it / v.per_head;
-    *m = v.m_first + it % v.per_head;
-  }
+  *h = kv_head * v.group + it % v.group;
+  *m = v.m_first + v.per_head - 1 - it / v.group;
 }
 
 // Key j of a sequence of q_len queries and k_len keys is visible from query row i iff

@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       static_cast<const T*>(p.dout) + static_cast<int64_t>(e.q_start) * p.dout_row_stride;
 
   auto visit = [&](int it, int* h, int* m) {
-    flash_bwd_visit<kDeterministic>(v, kv_head, it, h, m);
+    flash_bwd_visit(v, kv_head, it, h, m);
   };
   auto load_q_do = [&](int it, int buf) {
     int h, m;

@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   if (!flash_bwd_find_visits(f, BN, BM, blockIdx.x, &v)) return;
   const SeqExtent& e = v.kt.ext;
   auto visit = [&](int it, int* h, int* m) {
-    flash_bwd_visit<kDeterministic>(v, kv_head, it, h, m);
+    flash_bwd_visit(v, kv_head, it, h, m);
   };
 
   if (tid == 0) {
