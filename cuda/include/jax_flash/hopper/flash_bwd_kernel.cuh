@@ -17,9 +17,10 @@
 //     dV += P^T dO, dK += dS^T Q       wgmma rs (P^T / dS^T register fragments, dO / Q MN-major)
 //     dS^T stored to shared memory; dQ = dS K   wgmma ss with both operands MN-major, split by
 //           64-column panels over the warpgroups, staged in shared memory and added to the
-//           float32 accumulator by a TMA reduce-add (per-thread atomics for a sequence's last,
-//           partial query block) (deterministic mode: in ascending key-block order, per-(head, query tile)
-//           turn counters and the visit order of flash_bwd_visit, as in the mma.sync kernel).
+//           float32 accumulator by a TMA reduce-add (HopperBwdTraits::kDqReduceTma; else, and
+//           for a sequence's last, partial query block, per-thread atomics) (deterministic mode:
+//           in ascending key-block order, per-(head, query tile) turn counters and the visit
+//           order of flash_bwd_visit, as in the mma.sync kernel).
 // dK/dV stay in registers across all visits (no atomics for them); the epilogue scales dK and
 // writes both for the block's keys.
 //
@@ -358,7 +359,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if (warp == 0 && it + S - 1 < v.items) issue_loads(it + S - 1);
     wgmma_wait<0>();
     fence_dkv();
-    if (cw < Tr::kDqWarpgroups && rows == BM) {
+    if (cw < Tr::kDqWarpgroups && Tr::kDqReduceTma && rows == BM) {
       // A whole query block: dQ's 64 x 64 panel staged in shared memory (two 128-byte-swizzled
       // boxes of 32 float32 columns) and added to the accumulator by one TMA reduce-add.
       reg_fence(dq);
@@ -385,8 +386,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         bulk_commit();
       }
     } else if (cw < Tr::kDqWarpgroups) {
-      // The sequence's last, partial query block: the rows past it belong to the next
-      // sequence (or to no one), so each thread adds its own valid rows.
+      // Per-thread atomics (kDqReduceTma off, or the sequence's last, partial query block,
+      // whose rows past it belong to the next sequence or to no one): each thread adds its own
+      // valid rows.
       reg_fence(dq);
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
