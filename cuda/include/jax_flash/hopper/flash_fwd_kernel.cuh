@@ -209,6 +209,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         }
       }
     };
+    // Q of work item (ft, head, m0), by one thread.
+    auto load_q = [&](const FlashTile& ft, int head, int m0) {
+      mbar_wait(q_empty, q_phase ^ 1);
+      mbar_arrive_expect_tx(q_full, Tr::kSmemQ);
+#pragma unroll
+      for (int c = 0; c < Tr::kPanels; ++c)
+        tma_load_3d(sQ + c * Tr::kPanelQ, &tm_q, q_full, c * 64, head, ft.ext.q_start + m0);
+    };
     for (int64_t w = blockIdx.x;; w += gridDim.x) {
       FlashTile ft;
       int head, m0;
@@ -230,15 +238,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           if (lane < boxes && key < ft.ext.k_len)
             row = __ldg(bt + key / kv.page_size) * kv.page_size + key % kv.page_size;
           load_kv_paged(&tm_k, sK, k_full, k_empty, stage, phase, kv_head, row, boxes);
-          if (first && lane == 0) {
-            // Q after the first K tile, as below.
-            mbar_wait(q_empty, q_phase ^ 1);
-            mbar_arrive_expect_tx(q_full, Tr::kSmemQ);
-#pragma unroll
-            for (int c = 0; c < Tr::kPanels; ++c)
-              tma_load_3d(sQ + c * Tr::kPanelQ, &tm_q, q_full, c * 64, head,
-                          ft.ext.q_start + m0);
-          }
+          if (first && lane == 0) load_q(ft, head, m0);  // as below
           first = false;
           load_kv_paged(&tm_v, sV, v_full, v_empty, stage, phase, kv_head, row, boxes);
           if (++stage == S) {
@@ -255,12 +255,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           if (first) {
             // Q after the first K tile: the K load need not wait for the previous item's
             // epilogue, which stages O in the Q buffer.
-            mbar_wait(q_empty, q_phase ^ 1);
-            mbar_arrive_expect_tx(q_full, Tr::kSmemQ);
-#pragma unroll
-            for (int c = 0; c < Tr::kPanels; ++c)
-              tma_load_3d(sQ + c * Tr::kPanelQ, &tm_q, q_full, c * 64, head,
-                          ft.ext.q_start + m0);
+            load_q(ft, head, m0);
             first = false;
           }
           load_kv(&tm_v, sV, v_full, v_empty, stage, phase, kv_head, row);
