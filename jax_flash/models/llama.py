@@ -575,19 +575,16 @@ def hf_parameters(model: LlamaForCausalLM) -> dict[str, HFTensor]:
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
         attn, mlp = layer.self_attn, layer.mlp
-        H, Hkv, D, G = (
-            attn.num_heads,
-            attn.num_kv_heads,
-            attn.head_dim,
-            attn.num_heads // attn.num_kv_heads,
-        )
-        hidden = attn.qkv_proj.kernel.shape[0]
-        parts = {  # name: (the part of the fused output axes, its HF output size)
-            "self_attn.q_proj": (attn.qkv_proj, (whole, slice(0, G)), H * D),
-            "self_attn.k_proj": (attn.qkv_proj, (whole, G), Hkv * D),
-            "self_attn.v_proj": (attn.qkv_proj, (whole, G + 1), Hkv * D),
-            "mlp.gate_proj": (mlp.gate_up_proj, (0,), mlp.gate_up_proj.out_shape[1]),
-            "mlp.up_proj": (mlp.gate_up_proj, (1,), mlp.gate_up_proj.out_shape[1]),
+        group = attn.num_heads // attn.num_kv_heads
+        q_size, kv_size = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
+        hidden, inner = attn.qkv_proj.kernel.shape[0], mlp.gate_up_proj.out_shape[1]
+        # name: (fused projection, the part's index into its output axes, HF output size)
+        parts = {
+            "self_attn.q_proj": (attn.qkv_proj, (whole, slice(0, group)), q_size),
+            "self_attn.k_proj": (attn.qkv_proj, (whole, group), kv_size),
+            "self_attn.v_proj": (attn.qkv_proj, (whole, group + 1), kv_size),
+            "mlp.gate_proj": (mlp.gate_up_proj, (0,), inner),
+            "mlp.up_proj": (mlp.gate_up_proj, (1,), inner),
         }
         for name, (fused, index, size) in parts.items():
             out[p + name + ".weight"] = HFTensor(
