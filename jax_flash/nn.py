@@ -1,8 +1,8 @@
 """Flax NNX attention on jax_flash kernels, and the KV-cache state it reads and writes.
 
-`Attention` projects q/k/v (GQA, optional bias), rotates q and k (RoPE), appends k/v to a paged
-cache in place and attends: packed prompts (`Prefill`) through
-:func:`jax_flash.flash_attention_varlen`, decode steps (`Decode`) through
+`Attention` projects q/k/v (GQA, optional bias; one `FusedLinear` matmul for the three),
+rotates q and k (RoPE), appends k/v to a paged cache in place and attends: packed prompts
+(`Prefill`) through :func:`jax_flash.flash_attention_varlen`, decode steps (`Decode`) through
 :func:`jax_flash.paged_attention`. Decode steps rotate q and k inside the cache write
 (:func:`jax_flash.append_kv` with ``positions``/``rope``/``q``: one kernel, the same bits as
 apply_rope then append_kv); prefill needs the rotated keys for its own attention, so it rotates
@@ -104,6 +104,42 @@ class TensorParallel:
                 f"tensor parallelism: {name} {n} must be divisible by the size {self.size} of "
                 f"mesh axis {self.axis!r}"
             )
+
+
+class FusedLinear(nnx.Module):
+    """Several linear projections of one input as one matmul: kernel ``[in, *out_shape]``,
+    bias ``out_shape``, output ``[..., *out_shape]``.
+
+    A decode step at small batch reads every weight once per token; one matmul over the
+    concatenated weights (q/k/v; the MLP's gate and up) reads the input once and launches one
+    kernel instead of one per projection. The numerics are `nnx.Linear`'s: input, kernel and
+    bias cast to ``dtype``, ``lax.dot_general`` at default precision, the bias added after.
+    The kernel is initialised as `nnx.Linear`'s (LeCun normal over the fan-in ``in``).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_shape: Sequence[int],
+        *,
+        use_bias: bool,
+        dtype=jnp.float32,
+        param_dtype=jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        self.out_shape = tuple(int(n) for n in out_shape)
+        shape = (in_features, *self.out_shape)
+        init = nnx.initializers.lecun_normal(in_axis=0, out_axis=tuple(range(1, len(shape))))
+        self.kernel = nnx.Param(init(rngs.params(), shape, param_dtype))
+        self.bias = (
+            nnx.Param(jnp.zeros(self.out_shape, param_dtype)) if use_bias else nnx.data(None)
+        )
+        self.dtype = dtype
+
+    def __call__(self, x):
+        x, kernel = x.astype(self.dtype), self.kernel[...].astype(self.dtype)
+        y = jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
+        return y if self.bias is None else y + self.bias[...].astype(self.dtype)
 
 
 @jax.tree_util.register_dataclass
@@ -350,7 +386,12 @@ class Attention(nnx.Module):
         reference path of the same ops.
     dtype, param_dtype : compute and parameter dtypes.
 
-    Projection kernels are ``[in, out]`` (Hugging Face ``Linear.weight`` transposed).
+    ``qkv_proj`` projects q, k and v in one matmul, kernel ``[hidden, Hkv, G + 2, D]`` (``G =
+    num_heads // num_kv_heads``; bias ``[Hkv, G + 2, D]``): KV head ``g`` holds its ``G`` query
+    heads (query head ``g * G + j`` at ``[:, g, j]``), then its k (``[:, g, G]``), then its v
+    (``[:, g, G + 1]``). ``o_proj`` is an ``nnx.Linear``, kernel ``[H * D, hidden]``. Hugging
+    Face ``Linear.weight`` tensors are ``[out, in]``: :func:`jax_flash.models.hf_parameters`
+    maps them in and out of this layout.
     """
 
     def __init__(
@@ -393,9 +434,14 @@ class Attention(nnx.Module):
         self.attention_impl = attention_impl
         self.parallel: TensorParallel | None = None
         linear = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.q_proj = nnx.Linear(hidden_size, num_heads * head_dim, use_bias=qkv_bias, **linear)
-        self.k_proj = nnx.Linear(hidden_size, num_kv_heads * head_dim, use_bias=qkv_bias, **linear)
-        self.v_proj = nnx.Linear(hidden_size, num_kv_heads * head_dim, use_bias=qkv_bias, **linear)
+        # Grouped by KV head, not [all q | all k | all v]: a tensor-parallel split of the Hkv
+        # axis then hands each device whole groups, its query heads with the k and v they read,
+        # as column-parallel q/k/v projections split by heads did (no collective added), and
+        # the split does not depend on the number of devices.
+        group = num_heads // num_kv_heads
+        self.qkv_proj = FusedLinear(
+            hidden_size, (num_kv_heads, group + 2, head_dim), use_bias=qkv_bias, **linear
+        )
         self.o_proj = nnx.Linear(num_heads * head_dim, hidden_size, use_bias=o_bias, **linear)
 
     def set_attention_impl(self, attention_impl: str | None) -> None:
@@ -403,8 +449,9 @@ class Attention(nnx.Module):
         self.attention_impl = attention_impl
 
     def set_parallel(self, parallel: TensorParallel | None) -> None:
-        """Pin q/k/v, the attention output and the cache pages to ``parallel``'s head split
-        (None: no constraint). The projections' kernels are placed by the caller
+        """Pin q/k/v (and their fused projection's output, split on its KV-head axis), the
+        attention output and the cache pages to ``parallel``'s head split (None: no
+        constraint). The projections' kernels are placed by the caller
         (:func:`jax_flash.models.shard_model`)."""
         if parallel is not None:
             parallel.check_divides("num_key_value_heads", self.num_kv_heads)
@@ -444,10 +491,12 @@ class Attention(nnx.Module):
         ``(y like x, (k_pages, v_pages))`` (None for the cache-free batches).
         """
         lead = x.shape[:-1]
-        q = self.q_proj(x).reshape(*lead, self.num_heads, self.head_dim)
-        k = self.k_proj(x).reshape(*lead, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).reshape(*lead, self.num_kv_heads, self.head_dim)
-        q, k, v = self._heads(q, k, v)
+        qkv = self.qkv_proj(x)  # [*lead, Hkv, G + 2, D]
+        if self.parallel is not None:
+            qkv = self.parallel.constrain(qkv, -3)
+        group = self.num_heads // self.num_kv_heads
+        q = qkv[..., :group, :].reshape(*lead, self.num_heads, self.head_dim)
+        q, k, v = self._heads(q, qkv[..., group, :], qkv[..., group + 1, :])
         impl = self.attention_impl
         heads = (-1, self.num_kv_heads, self.head_dim)
         if isinstance(batch, Decode):

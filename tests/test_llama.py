@@ -1,10 +1,12 @@
 """The Llama-family decoder on jax_flash kernels: against its pure-XLA path, incremental decode
-against a full forward pass, batching, generation (greedy, sampling, beam search), and the
-Hugging Face checkpoint loader against a numpy transcription of transformers' Llama.
+against a full forward pass, batching, generation (greedy, sampling, beam search), the Hugging
+Face checkpoint loader against a numpy transcription of transformers' Llama, and the fused q/k/v
+and gate/up projections against that transcription's separate ones (prefill, decode, training).
 
 Tiny float32 models on the CPU kernels.
 """
 
+import dataclasses
 import functools
 import json
 import math
@@ -21,6 +23,7 @@ from jax_flash.models import (  # noqa: E402
     LlamaConfig,
     LlamaForCausalLM,
     generate,
+    hf_state_dict,
     load_hf_checkpoint,
 )
 from jax_flash.nn import KVCache, PageAllocator, block_table  # noqa: E402
@@ -63,13 +66,16 @@ QWEN = LlamaConfig(
 )
 PAGE = 4
 NUM_PAGES = 64
+# float32 logits against float64 separate projections: a few float32 roundings (eps 1.2e-7;
+# 5e-7 seen).
+FUSED_TOL = 2e-6
 
 
 def _randomize_vectors(model, seed):
     """nnx initialises biases and norm weights to constants; random values test their use."""
     rng = np.random.default_rng(seed)
-    for _, var in nnx.iter_graph(model):
-        if isinstance(var, nnx.Param) and len(var.shape) == 1:
+    for path, var in nnx.iter_graph(model):
+        if isinstance(var, nnx.Param) and path[-1] in ("bias", "weight"):
             var.set_value(jnp.asarray(1.0 + 0.2 * rng.standard_normal(var.shape), var.dtype))
 
 
@@ -257,26 +263,6 @@ def test_beam_search():
 # Hugging Face checkpoints
 
 
-def _hf_state_dict(model, config):
-    """The model's weights under Hugging Face names and layouts (Linear weights [out, in])."""
-    sd = {"model.embed_tokens.weight": model.embed_tokens.embedding[...]}
-    if not config.tie_word_embeddings:
-        sd["lm_head.weight"] = model.lm_head.kernel[...].T
-    sd["model.norm.weight"] = model.norm.weight[...]
-    for i, layer in enumerate(model.layers):
-        p = f"model.layers.{i}."
-        for n in "qkvo":
-            lin = getattr(layer.self_attn, f"{n}_proj")
-            sd[p + f"self_attn.{n}_proj.weight"] = lin.kernel[...].T
-            if lin.bias is not None:
-                sd[p + f"self_attn.{n}_proj.bias"] = lin.bias[...]
-        for n in ("gate", "up", "down"):
-            sd[p + f"mlp.{n}_proj.weight"] = getattr(layer.mlp, f"{n}_proj").kernel[...].T
-        sd[p + "input_layernorm.weight"] = layer.input_layernorm.weight[...]
-        sd[p + "post_attention_layernorm.weight"] = layer.post_attention_layernorm.weight[...]
-    return {k: np.ascontiguousarray(np.asarray(v)) for k, v in sd.items()}
-
-
 def _hf_forward(sd, cfg, ids):
     """transformers' LlamaForCausalLM forward for one sequence, transcribed to numpy (float64):
     RMSNorm, rotate_half RoPE with the rope_scaling inv_freq, repeat_kv GQA, causal softmax
@@ -365,7 +351,7 @@ def _hf_config(config, model_type):
 )
 def test_load_hf_checkpoint(tmp_path, config, model_type, shards):
     source = _model(config)
-    sd = _hf_state_dict(source, config)
+    sd = hf_state_dict(source)  # q/k/v and gate/up as separate tensors, HF layouts
     hf_cfg = _hf_config(config, model_type)
     (tmp_path / "config.json").write_text(json.dumps(hf_cfg))
     names = sorted(sd)
@@ -382,6 +368,13 @@ def test_load_hf_checkpoint(tmp_path, config, model_type, shards):
 
     model, loaded_cfg = load_hf_checkpoint(str(tmp_path))
     assert loaded_cfg == config
+    # Every parameter lands where it was (the fused ones assembled from their parts).
+    for (path, got), (_, want) in zip(
+        nnx.to_flat_state(nnx.state(model, nnx.Param)),
+        nnx.to_flat_state(nnx.state(source, nnx.Param)),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(got[...], want[...], err_msg=str(path))
     ids = _prompts([21], config.vocab_size, 7)[0]
     logits, _ = _run(model, [ids], [])
     expected, _ = _run(source, [ids], [])
@@ -394,6 +387,50 @@ def test_load_hf_checkpoint(tmp_path, config, model_type, shards):
     (tmp_path / "config.json").write_text(json.dumps(fewer))
     with pytest.raises(ValueError, match="model.layers.2"):
         load_hf_checkpoint(str(tmp_path))
+
+
+# Every bias on (q/k/v, o, gate/up/down), one KV head for three query heads; LLAMA: two KV
+# heads of three query heads each, no bias.
+QWEN_BIASED = dataclasses.replace(QWEN, o_proj_bias=True, mlp_bias=True)
+
+
+@pytest.mark.parametrize(
+    "config,model_type",
+    [(LLAMA, "llama"), (QWEN_BIASED, "qwen2")],
+    ids=["llama", "qwen2-biased"],
+)
+def test_fused_projections_equal_separate(config, model_type):
+    """The fused q/k/v (``[hidden, Hkv, G + 2, D]``) and gate/up (``[hidden, 2, inner]``)
+    projections give the logits of separate q, k, v, gate and up matmuls over the same weights
+    (transformers' computation on the Hugging Face tensors, in float64): packed prefill, decode
+    steps and the training forward (``[B, S]`` rows with lengths, and packed sequences)."""
+    model = _model(config)
+    sd = {k: v.astype(np.float64) for k, v in hf_state_dict(model).items()}
+    hf_cfg = _hf_config(config, model_type)
+    prompts = _prompts([7, 1, 12], config.vocab_size, 11)
+    steps = np.random.default_rng(12).integers(0, config.vocab_size, (3, 3))
+    seqs = [p + steps[:, b].tolist() for b, p in enumerate(prompts)]
+    separate = [_hf_forward(sd, hf_cfg, s) for s in seqs]  # [len, V] each
+
+    logits, decoded = _run(model, prompts, steps)
+    prefill = np.concatenate([f[: len(p)] for f, p in zip(separate, prompts, strict=True)])
+    assert _rel(logits, prefill) < FUSED_TOL
+    for i, got in enumerate(decoded):
+        for b, p in enumerate(prompts):
+            assert _rel(got[b], separate[b][len(p) + i]) < FUSED_TOL, (i, b)
+
+    lens = [len(s) for s in seqs]
+    rows = np.zeros((len(seqs), max(lens) + 2), np.int32)  # right padding
+    for b, s in enumerate(seqs):
+        rows[b, : len(s)] = s
+    got = np.asarray(model(jnp.asarray(rows), lengths=jnp.asarray(lens, jnp.int32)))
+    for b, n in enumerate(lens):
+        assert _rel(got[b, :n], separate[b]) < FUSED_TOL, b
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    packed = np.zeros(cu[-1] + 3, np.int32)  # 3 padding rows
+    packed[: cu[-1]] = np.concatenate(seqs)
+    got = np.asarray(model(jnp.asarray(packed), cu_seqlens=jnp.asarray(cu)))
+    assert _rel(got[: cu[-1]], np.concatenate(separate)) < FUSED_TOL
 
 
 def test_config_from_hf():

@@ -29,7 +29,7 @@ from jax_flash.models import (  # noqa: E402
     LlamaConfig,
     LlamaForCausalLM,
     generate,
-    hf_parameters,
+    hf_state_dict,
     load_hf_checkpoint,
 )
 from jax_flash.serve import Detokenizer, Engine  # noqa: E402
@@ -50,11 +50,7 @@ CONFIG = LlamaConfig(
 
 def write_checkpoint(path):
     model = LlamaForCausalLM.random(CONFIG, seed=3)
-    tensors = {}
-    for name, (var, transpose) in hf_parameters(model).items():
-        array = np.asarray(var[...], np.float32)
-        tensors[name] = np.ascontiguousarray(array.T if transpose else array)
-    safetensors_numpy.save_file(tensors, str(path / "model.safetensors"))
+    safetensors_numpy.save_file(hf_state_dict(model), str(path / "model.safetensors"))
     c = CONFIG
     hf = dict(
         model_type="llama",

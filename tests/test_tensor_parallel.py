@@ -124,14 +124,17 @@ def test_greedy_equals_one_device(n, rng):
     model = _random_model(LLAMA, seed=int(rng.integers(1 << 16)))
     sharded = shard_model(model, mesh)
 
-    q = sharded.layers[0].self_attn.q_proj.kernel[...]
-    assert q.sharding.spec == jax.sharding.PartitionSpec(None, "tensor")
-    assert {s.data.shape for s in q.addressable_shards} == {(48, 8 * 16 // n)}
+    # q/k/v [hidden, Hkv, G + 2, D] split on KV heads; gate/up [hidden, 2, inner] on inner.
+    qkv = sharded.layers[0].self_attn.qkv_proj.kernel[...]
+    assert qkv.sharding.spec == jax.sharding.PartitionSpec(None, "tensor", None, None)
+    assert {s.data.shape for s in qkv.addressable_shards} == {(48, 4 // n, 4, 16)}
+    gate_up = sharded.layers[1].mlp.gate_up_proj.kernel[...]
+    assert {s.data.shape for s in gate_up.addressable_shards} == {(48, 2, 88 // n)}
     down = sharded.layers[1].mlp.down_proj.kernel[...]
     assert {s.data.shape for s in down.addressable_shards} == {(88 // n, 48)}
     emb = sharded.embed_tokens.embedding[...]
     assert {s.data.shape for s in emb.addressable_shards} == {(96 // n, 48)}
-    assert model.layers[0].self_attn.q_proj.kernel[...].sharding.num_devices == 1  # untouched
+    assert model.layers[0].self_attn.qkv_proj.kernel[...].sharding.num_devices == 1  # untouched
 
     cache = sharded.init_cache(9, 4, block_table([[1, 2], [3]]))
     assert cache.k_pages[0].sharding.spec == jax.sharding.PartitionSpec(None, None, "tensor", None)

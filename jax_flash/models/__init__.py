@@ -4,9 +4,11 @@ the next-token loss of training (`next_token_loss`, `pack_sequences`)."""
 
 from .generation import GenerateOutput, generate
 from .llama import (
+    HFTensor,
     LlamaConfig,
     LlamaForCausalLM,
     hf_parameters,
+    hf_state_dict,
     load_hf_checkpoint,
     load_tokenizer,
 )
@@ -15,10 +17,12 @@ from .training import next_token_loss, next_token_targets, pack_sequences
 
 __all__ = [
     "GenerateOutput",
+    "HFTensor",
     "LlamaConfig",
     "LlamaForCausalLM",
     "generate",
     "hf_parameters",
+    "hf_state_dict",
     "load_hf_checkpoint",
     "load_tokenizer",
     "next_token_loss",

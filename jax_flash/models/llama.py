@@ -24,6 +24,7 @@ from flax import nnx
 
 from ..nn import (
     Attention,
+    FusedLinear,
     KVCache,
     NoCache,
     PackedNoCache,
@@ -183,17 +184,21 @@ class RMSNorm(nnx.Module):
 
 
 class MLP(nnx.Module):
-    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``, gate and up as one matmul: ``gate_up_proj``'s
+    kernel is ``[hidden, 2, inner]`` (``[:, 0]`` gate, ``[:, 1]`` up; bias ``[2, inner]``)."""
 
     def __init__(self, hidden: int, inner: int, *, bias: bool, dtype, param_dtype, rngs):
         lin = dict(use_bias=bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.gate_proj = nnx.Linear(hidden, inner, **lin)
-        self.up_proj = nnx.Linear(hidden, inner, **lin)
+        # gate and up stacked on an axis of their own before inner (not [gate | up] on one
+        # axis): a tensor-parallel split of inner gives each device the same columns of both,
+        # the pairs silu(gate) * up multiplies, as column-parallel gate/up projections did.
+        self.gate_up_proj = FusedLinear(hidden, (2, inner), **lin)
         self.down_proj = nnx.Linear(inner, hidden, **lin)
         self.parallel: TensorParallel | None = None
 
     def __call__(self, x):
-        h = jax.nn.silu(self.gate_proj(x)) * self.up_proj(x)
+        gate_up = self.gate_up_proj(x)  # [..., 2, inner]
+        h = jax.nn.silu(gate_up[..., 0, :]) * gate_up[..., 1, :]
         if self.parallel is None:
             return self.down_proj(h)
         # Column-parallel gate/up, row-parallel down (summed in float32 over the devices: see
@@ -255,7 +260,9 @@ class LlamaForCausalLM(nnx.Module):
     rngs : nnx.Rngs for the random initialisation.
 
     Attribute names follow the Hugging Face checkpoint (``embed_tokens``, ``layers[i].self_attn
-    .q_proj``, ..., ``norm``, ``lm_head``); see :func:`load_hf_checkpoint`.
+    .o_proj``, ..., ``norm``, ``lm_head``) except for the fused projections: ``self_attn
+    .qkv_proj`` holds q/k/v_proj (`jax_flash.nn.Attention`), ``mlp.gate_up_proj`` gate/up_proj
+    (`MLP`); :func:`hf_parameters` maps every Hugging Face tensor to its place.
 
     Examples
     --------
@@ -516,28 +523,94 @@ class LlamaForCausalLM(nnx.Module):
         return self.logits(h)
 
 
-def hf_parameters(model: LlamaForCausalLM) -> dict[str, tuple[nnx.Variable, bool]]:
-    """Hugging Face weight name -> (the model's variable, whether the HF tensor is its
-    transpose: HF ``Linear.weight`` is ``[out, in]``, an ``nnx.Linear`` kernel ``[in, out]``)."""
+@dataclasses.dataclass(frozen=True)
+class HFTensor:
+    """Where a Hugging Face tensor lives in the model: in ``variable[index]`` (a part of a
+    fused projection, or the whole variable with ``index=()``), reshaped to ``shape`` and, for a
+    ``Linear.weight`` (``[out, in]`` in the checkpoint, ``[in, ...]`` here), transposed."""
+
+    variable: nnx.Variable
+    shape: tuple[int, ...]  # the Hugging Face tensor's
+    index: tuple = ()
+    transpose: bool = False
+
+    def read(self) -> np.ndarray:
+        """The tensor in Hugging Face layout, of the variable's dtype."""
+        part = np.asarray(self.variable[...])[self.index]
+        if self.transpose:
+            return part.reshape(self.shape[::-1]).T
+        return part.reshape(self.shape)
+
+    def write(self, buffer: np.ndarray, array) -> None:
+        """Store the Hugging Face ``array`` into ``buffer``, a host array of the variable's
+        shape and dtype."""
+        array = np.asarray(array)
+        if self.transpose:
+            array = array.T
+        view = buffer[self.index]
+        view[...] = array.reshape(view.shape).astype(buffer.dtype)
+
+
+def hf_parameters(model: LlamaForCausalLM) -> dict[str, HFTensor]:
+    """Hugging Face tensor name -> its `HFTensor`, the place of the tensor in ``model``.
+
+    ``q_proj``/``k_proj``/``v_proj`` are parts of a layer's fused ``qkv_proj`` (kernel
+    ``[hidden, Hkv, G + 2, D]``: the query heads of each KV head, its k, its v), ``gate_proj``
+    and ``up_proj`` parts of ``gate_up_proj`` (kernel ``[hidden, 2, inner]``).
+
+    >>> from jax_flash.models import LlamaConfig, LlamaForCausalLM, hf_parameters
+    >>> cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+    ...                   num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
+    >>> params = hf_parameters(LlamaForCausalLM.random(cfg))
+    >>> params["model.layers.0.self_attn.k_proj.weight"].read().shape
+    (16, 32)
+    """
+    whole = slice(None)
     out = {
-        "model.embed_tokens.weight": (model.embed_tokens.embedding, False),
-        "model.norm.weight": (model.norm.weight, False),
+        "model.embed_tokens.weight": _whole(model.embed_tokens.embedding),
+        "model.norm.weight": _whole(model.norm.weight),
     }
     if model.lm_head is not None:
-        out["lm_head.weight"] = (model.lm_head.kernel, True)
+        out["lm_head.weight"] = _whole(model.lm_head.kernel, transpose=True)
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
-        linears = [(f"self_attn.{n}_proj", getattr(layer.self_attn, f"{n}_proj")) for n in "qkvo"]
-        linears += [
-            (f"mlp.{n}_proj", getattr(layer.mlp, f"{n}_proj")) for n in ("gate", "up", "down")
-        ]
-        for name, lin in linears:
-            out[p + name + ".weight"] = (lin.kernel, True)
+        attn, mlp = layer.self_attn, layer.mlp
+        group = attn.num_heads // attn.num_kv_heads
+        q_size, kv_size = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
+        hidden, inner = attn.qkv_proj.kernel.shape[0], mlp.gate_up_proj.out_shape[1]
+        # name: (fused projection, the part's index into its output axes, HF output size)
+        parts = {
+            "self_attn.q_proj": (attn.qkv_proj, (whole, slice(0, group)), q_size),
+            "self_attn.k_proj": (attn.qkv_proj, (whole, group), kv_size),
+            "self_attn.v_proj": (attn.qkv_proj, (whole, group + 1), kv_size),
+            "mlp.gate_proj": (mlp.gate_up_proj, (0,), inner),
+            "mlp.up_proj": (mlp.gate_up_proj, (1,), inner),
+        }
+        for name, (fused, index, size) in parts.items():
+            out[p + name + ".weight"] = HFTensor(
+                fused.kernel, (size, hidden), (whole, *index), transpose=True
+            )
+            if fused.bias is not None:
+                out[p + name + ".bias"] = HFTensor(fused.bias, (size,), index)
+        for name, lin in (("self_attn.o_proj", attn.o_proj), ("mlp.down_proj", mlp.down_proj)):
+            out[p + name + ".weight"] = _whole(lin.kernel, transpose=True)
             if lin.bias is not None:
-                out[p + name + ".bias"] = (lin.bias, False)
-        out[p + "input_layernorm.weight"] = (layer.input_layernorm.weight, False)
-        out[p + "post_attention_layernorm.weight"] = (layer.post_attention_layernorm.weight, False)
+                out[p + name + ".bias"] = _whole(lin.bias)
+        out[p + "input_layernorm.weight"] = _whole(layer.input_layernorm.weight)
+        out[p + "post_attention_layernorm.weight"] = _whole(layer.post_attention_layernorm.weight)
     return out
+
+
+def _whole(variable, transpose=False) -> HFTensor:
+    shape = tuple(variable.shape)
+    return HFTensor(variable, shape[::-1] if transpose else shape, (), transpose)
+
+
+def hf_state_dict(model: LlamaForCausalLM) -> dict[str, np.ndarray]:
+    """The model's parameters under Hugging Face names and layouts (``Linear.weight``
+    ``[out, in]``, q/k/v and gate/up as separate tensors), as host arrays of the parameter
+    dtype: what ``safetensors.numpy.save_file`` writes and :func:`load_hf_checkpoint` reads."""
+    return {name: np.ascontiguousarray(t.read()) for name, t in hf_parameters(model).items()}
 
 
 def _safetensors_files(path: str) -> list[str]:
@@ -578,6 +651,11 @@ def load_hf_checkpoint(path: str, *, dtype=None, attention_impl: str | None = No
         )
     )
     params = hf_parameters(model)
+    # A fused variable is assembled on the host from its tensors (q, k and v; gate and up) and
+    # placed once the last of them is read: [host buffer, tensors still to come] per variable.
+    pending = {}
+    for t in params.values():
+        pending.setdefault(id(t.variable), [None, 0])[1] += 1
     unexpected = []
     for file in _safetensors_files(path):
         with safe_open(file, framework="np") as f:
@@ -586,15 +664,22 @@ def load_hf_checkpoint(path: str, *, dtype=None, attention_impl: str | None = No
                     if not (name.endswith("rotary_emb.inv_freq") or name == "lm_head.weight"):
                         unexpected.append(name)
                     continue
-                var, transpose = params.pop(name)
+                target = params.pop(name)
                 array = f.get_tensor(name)
-                array = array.T if transpose else array
-                if tuple(array.shape) != tuple(var.shape):
+                if tuple(array.shape) != target.shape:
                     raise ValueError(
                         f"load_hf_checkpoint: {name} has shape {tuple(np.shape(array))} in "
-                        f"{file}, expected {tuple(var.shape)[::-1] if transpose else var.shape}"
+                        f"{file}, expected {target.shape}"
                     )
-                var.set_value(jnp.asarray(array, var.dtype))
+                var = target.variable
+                entry = pending[id(var)]
+                if entry[0] is None:
+                    entry[0] = np.empty(var.shape, var.dtype)
+                target.write(entry[0], array)
+                entry[1] -= 1
+                if entry[1] == 0:
+                    var.set_value(jnp.asarray(entry[0]))
+                    entry[0] = None
     if params or unexpected:
         raise ValueError(
             f"load_hf_checkpoint: {path}: missing tensors {sorted(params)[:8]}"

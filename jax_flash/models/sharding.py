@@ -1,8 +1,9 @@
 """`shard_model`: a Llama-family decoder placed tensor-parallel on a mesh.
 
-The layout is Megatron's: q/k/v and MLP gate/up projections split by output columns (q heads
-with their KV-head group: device ``i`` holds KV heads ``i*Hkv/n : (i+1)*Hkv/n`` and the query
-heads that read them), o_proj and MLP down_proj split by input rows (their outputs summed over
+The layout is Megatron's: the fused q/k/v and MLP gate/up projections split by output columns
+(the q/k/v kernel ``[hidden, Hkv, G + 2, D]`` on its KV-head axis: device ``i`` holds KV heads
+``i*Hkv/n : (i+1)*Hkv/n`` with the query heads that read them; the gate/up kernel ``[hidden, 2,
+inner]`` on inner), o_proj and MLP down_proj split by input rows (their outputs summed over
 the devices), embeddings and LM head split by vocabulary when ``n`` divides it (else
 replicated), norms replicated; the paged KV cache is split by KV heads. A decode step then needs
 one all-reduce after o_proj and one after down_proj per layer, one after the embedding lookup
@@ -22,16 +23,18 @@ from flax import nnx
 from ..nn import Attention, TensorParallel
 from .llama import MLP, LlamaForCausalLM
 
-# The Linear layers split by output columns, and those split by input rows.
-_COLUMN = frozenset({"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"})
+# The fused projections split by output columns: the axis of kernel and bias split (the
+# q/k/v kernel [in, Hkv, G + 2, D] and bias [Hkv, G + 2, D] on Hkv, the gate/up kernel
+# [in, 2, inner] and bias [2, inner] on inner). The Linear layers split by input rows.
+_COLUMN = {"qkv_proj": -3, "gate_up_proj": -1}
 _ROW = frozenset({"o_proj", "down_proj"})
 
 
 def _split_axis(path: tuple, vocab_split: bool) -> int | None:
     """The axis of the parameter at ``path`` split over the tensor axis (None: replicated)."""
     owner, name = path[-2], path[-1]
-    if owner in _COLUMN:  # kernel [in, out] and bias [out]
-        return -1
+    if owner in _COLUMN:
+        return _COLUMN[owner]
     if owner in _ROW:  # kernel [in, out]; the bias is added once, after the sum
         return 0 if name == "kernel" else None
     if vocab_split and owner == "embed_tokens":  # [vocab, hidden]
