@@ -189,8 +189,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         tma_load_3d(ring + st * Tr::kSmemKV + c * Tr::kPanelKV, tm, full(st), c * 64, kv_head, row);
     };
     // A paged K or V tile into stage st of the ring: box c (keys n * BN + c * box_rows ...) from
-    // pool row `row` of lane c (the warp's lanes find the rows in parallel: one id each); lane 0
-    // issues the loads, every panel of every box.
+    // pool row `row` of lane c. The warp's lanes find the rows in parallel (one id each) and
+    // issue their own box's loads, every panel, once lane 0 has seen the buffer released and
+    // armed its mbarrier (a box that lands before the arming only drives the transaction count
+    // below zero: the phase needs lane 0's arrival too).
     auto load_kv_paged = [&](const CUtensorMap* tm, uint32_t ring, auto full, auto empty, int st,
                              int ph, int kv_head, int row, int boxes) {
       if constexpr (Kv::kPaged) {
@@ -198,14 +200,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           mbar_wait(empty(st), ph ^ 1);
           mbar_arrive_expect_tx(full(st), Tr::kSmemKV);
         }
-        for (int c = 0; c < boxes; ++c) {
-          const int box_row = __shfl_sync(0xffffffffu, row, c);
-          if (lane == 0) {
+        __syncwarp();
+        if (lane < boxes) {
 #pragma unroll
-            for (int pc = 0; pc < Tr::kPanels; ++pc)
-              tma_load_3d(ring + st * Tr::kSmemKV + pc * Tr::kPanelKV + c * kv.box_rows * 128, tm,
-                          full(st), pc * 64, kv_head, box_row);
-          }
+          for (int pc = 0; pc < Tr::kPanels; ++pc)
+            tma_load_3d(ring + st * Tr::kSmemKV + pc * Tr::kPanelKV + lane * kv.box_rows * 128, tm,
+                        full(st), pc * 64, kv_head, row);
         }
       }
     };
