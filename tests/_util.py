@@ -1,5 +1,7 @@
 """Helpers of the tests: random inputs and the dtype-aware tolerance."""
 
+import re
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -54,3 +56,33 @@ def run_on_host_devices(test_file: str, n: int, keyword: str) -> None:
     assert r.returncode == 0, out[-8000:]
     summary = out.strip().splitlines()[-1]
     assert "passed" in summary and "skipped" not in summary, out[-8000:]
+
+
+_SHAPE = re.compile(r"\b([a-z]+[0-9]*)\[([\d,]*)\]")
+_DEFINITION = re.compile(r"^\s*(?:ROOT\s+)?%(\S+)\s*=\s*(.*?)\s+([a-z][\w-]*)\(", re.M)
+
+
+def collective_operands(hlo_text: str, op: str) -> list[tuple[str, tuple[int, ...]]]:
+    """(dtype, shape) of every array each `op` instruction (or its async `-start`) of a compiled
+    program's text sends, one entry per array operand. Read from the operands' definitions
+    rather than the instruction's result type, which compilers print in different forms: GPU
+    programs combine several arrays into one tuple-typed collective and run them
+    asynchronously (start/done pairs whose result tuples hold operands, results and contexts)."""
+    types = {m[1]: m[2] for m in _DEFINITION.finditer(hlo_text)}
+    found = []
+    for m in _DEFINITION.finditer(hlo_text):
+        if m[3] not in (op, op + "-start"):
+            continue
+        depth, i = 1, m.end()
+        while depth and i < len(hlo_text):
+            depth += {"(": 1, ")": -1}.get(hlo_text[i], 0)
+            i += 1
+        operands = hlo_text[m.end() : i - 1]
+        if "[" not in operands:  # bare names: their definitions' types
+            names = (x.strip().lstrip("%") for x in operands.split(","))
+            operands = " ".join(types.get(x, "") for x in names)
+        found += [
+            (dtype, tuple(int(d) for d in dims.split(",") if d))
+            for dtype, dims in _SHAPE.findall(operands)
+        ]
+    return found

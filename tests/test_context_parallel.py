@@ -23,7 +23,7 @@ import jax_flash
 from jax_flash import parallel, reference
 from jax_flash.parallel import _tiles, context
 
-from _util import randn, rel_err, run_on_host_devices, tolerance
+from _util import collective_operands, randn, rel_err, run_on_host_devices, tolerance
 
 N = 4
 MULTI = len(jax.devices()) >= N
@@ -338,18 +338,19 @@ def test_hook_for_sequence_sharded_flash_attention(rng):
 
 
 def _collectives(mesh, **kw):
-    """The compiled program's collectives: op name -> result shapes, q [1, 64, 4, 32] and k/v
-    [1, 64, 2, 32] sharded on the sequence."""
+    """The compiled program's collectives: op name -> the shapes each sends, q [1, 64, 4, 32] and
+    k/v [1, 64, 2, 32] sharded on the sequence."""
     sharding = NamedSharding(mesh, P(None, "seq"))
     q = jax.device_put(jnp.zeros((1, 64, 4, 32), jnp.float32), sharding)
     kv = jax.device_put(jnp.zeros((1, 64, 2, 32), jnp.float32), sharding)
     fn = functools.partial(jax_flash.context_parallel_attention, mesh=mesh, seq_axis="seq", **kw)
     hlo = jax.jit(fn).lower(q, kv, kv).compile().as_text()
-    found = re.findall(r"= f32\[([\d,]*)\]\S* (all-gather|collective-permute)(?:-start)?\(", hlo)
-    out = {"all-gather": [], "collective-permute": []}
-    for shape, op in found:
-        out[op].append(tuple(int(d) for d in shape.split(",")))
-    return out
+    # Shapes without their unit dims: a GPU program gathers k [1, 16, 2, 32] as [16, 2, 32].
+    return {
+        op: [tuple(d for d in shape if d != 1) for dtype, shape in collective_operands(hlo, op)
+             if dtype == "f32"]  # fmt: skip
+        for op in ("all-gather", "collective-permute")
+    }
 
 
 @multi
@@ -357,11 +358,11 @@ def test_collectives_in_the_compiled_program():
     mesh = _mesh()
     # Ring, natural: k and v blocks sent N - 1 times each; nothing gathered.
     ring = _collectives(mesh, causal=True, strategy="ring", layout="natural")
-    assert ring == {"all-gather": [], "collective-permute": [(1, 16, 2, 32)] * 2 * (N - 1)}
+    assert ring == {"all-gather": [], "collective-permute": [(16, 2, 32)] * 2 * (N - 1)}
     # A window of 3 keys: one step (k and v once).
     window = _collectives(mesh, causal=True, sliding_window=(3, 0), strategy="ring")
-    assert window == {"all-gather": [], "collective-permute": [(1, 16, 2, 32)] * 2}
-    # All-gather, zigzag: k and v gathered in natural order (q never); q's half blocks permuted
-    # in and o's out.
+    assert window == {"all-gather": [], "collective-permute": [(16, 2, 32)] * 2}
+    # All-gather, zigzag: k and v gathered in natural order (each device's 16 rows; q never);
+    # q's half blocks permuted in and o's out.
     gather = _collectives(mesh, causal=True, strategy="allgather", layout="zigzag")
-    assert gather == {"all-gather": [(1, 64, 2, 32)] * 2, "collective-permute": [(1, 8, 4, 32)] * 4}
+    assert gather == {"all-gather": [(16, 2, 32)] * 2, "collective-permute": [(8, 4, 32)] * 4}

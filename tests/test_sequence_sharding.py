@@ -24,7 +24,7 @@ from jax_flash import reference
 from jax_flash.primitives.flash_attention import FlashConfig
 from jax_flash.primitives.sequence_sharding import device_work, row_layout
 
-from _util import randn, rel_err, run_on_host_devices
+from _util import collective_operands, randn, rel_err, run_on_host_devices
 
 DEVICES = 4
 _ENOUGH = jax.device_count() >= DEVICES
@@ -56,16 +56,9 @@ def _gathered_shapes(compiled_text):
     return shapes
 
 
-_PERMUTE = re.compile(r"=\s*(.*?)\scollective-permute(?:-start)?\(")
-
-
 def _permuted_shapes(compiled_text):
     """The shapes every collective-permute in the compiled program sends."""
-    shapes = []
-    for m in _PERMUTE.finditer(compiled_text):
-        found = re.findall(r"\[([\d,]*)\]", m[1])
-        shapes += [tuple(int(x) for x in s.split(",") if x) for s in found[:1]]
-    return shapes
+    return [shape for _, shape in collective_operands(compiled_text, "collective-permute")]
 
 
 def _q_shards(spec):
@@ -168,7 +161,9 @@ def test_forward_and_gradients(rng, case):
     c = Sq // n // 2
     halves = {(c, HQ, D), (c, HQ, DV), (HQ, c)}
     permuted = _permuted_shapes(hlo)
-    assert (len(permuted) == 6 and set(permuted) <= halves) if balanced else permuted == []
+    assert (len(permuted) == 6 and set(permuted) == halves) if balanced else permuted == [], (
+        permuted
+    )
 
     # Gradients of q, k and v (through o and lse), against one device and the reference.
     w_o = randn(rng, (B, Sq, HQ, DV), jnp.float32)
@@ -194,7 +189,9 @@ def test_forward_and_gradients(rng, case):
     assert all(HQ not in s for s in gathered), gathered
     # The backward's exchange: q, o, do, lse and dlse in, dq back (beside the forward's 6).
     permuted = _permuted_shapes(hlo)
-    assert (len(permuted) == 18 and set(permuted) <= halves) if balanced else permuted == []
+    assert (len(permuted) == 18 and set(permuted) <= halves) if balanced else permuted == [], (
+        permuted
+    )
 
 
 @needs_devices

@@ -88,8 +88,11 @@ def _apply_tiles(acc, q, k, v, *, tiles, kernel, merge):
         o, lse = kernel(q[:, t.q0 : t.q1], k[:, t.k0 : t.k1], v[:, t.k0 : t.k1], window)
         if merge:
             o, lse = _merge((o_acc[:, t.q0 : t.q1], lse_acc[:, :, t.q0 : t.q1]), o, lse)
-        o_acc = o_acc.at[:, t.q0 : t.q1].set(o)
-        lse_acc = lse_acc.at[:, :, t.q0 : t.q1].set(lse)
+        # Static row ranges, written by dynamic_update_slice rather than `.at[].set`: the
+        # latter's scatter has an empty index array, a constant that jax hoists into an
+        # input of the shard_map, and such inputs crash XLA's partitioner (jax 0.11.2).
+        o_acc = jax.lax.dynamic_update_slice(o_acc, o.astype(o_acc.dtype), (0, t.q0, 0, 0))
+        lse_acc = jax.lax.dynamic_update_slice(lse_acc, lse.astype(lse_acc.dtype), (0, 0, t.q0))
     return o_acc, lse_acc
 
 

@@ -233,7 +233,7 @@ def _custom_call(p, partitioning: Partitioning):
         fn = None if partitioning.per_shard is None else partitioning.per_shard(config, got)
         if fn is None:
             fn = lambda *a: p.bind(*a, config=config)  # noqa: E731
-        return mesh, fn, outs, tuple(args)
+        return mesh, _without_context_mesh(fn), outs, tuple(args)
 
     def infer(config, mesh, arg_shapes, result_shape):
         rule, got, sizes = decide(config, mesh, arg_shapes, result_shape)
@@ -248,6 +248,20 @@ def _custom_call(p, partitioning: Partitioning):
     cp = custom_partitioning(body, static_argnums=(0,))
     cp.def_partition(partition, infer_sharding_from_operands=infer, sharding_rule=shardy)
     return cp
+
+
+def _without_context_mesh(fn):
+    """fn traced per device as a computation of its own, outside the caller's mesh: XLA asks for
+    it while compiling a call made under `jax.set_mesh` with explicit axes, and traced in that
+    context every array fn creates would carry a replicated sharding, lowered to `Sharding`
+    custom calls that nothing removes once the program is partitioned (XLA then fails to find an
+    implementation for them)."""
+
+    def per_device(*args):
+        with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):
+            return fn(*args)
+
+    return per_device
 
 
 def _wrap_abstract_eval(p, partitioning: Partitioning):
