@@ -10,7 +10,6 @@ the checks run directly. The planner, merge and layout checks need no devices an
 
 import functools
 import itertools
-import re
 
 import jax
 import jax.numpy as jnp
@@ -347,8 +346,11 @@ def _collectives(mesh, **kw):
     hlo = jax.jit(fn).lower(q, kv, kv).compile().as_text()
     # Shapes without their unit dims: a GPU program gathers k [1, 16, 2, 32] as [16, 2, 32].
     return {
-        op: [tuple(d for d in shape if d != 1) for dtype, shape in collective_operands(hlo, op)
-             if dtype == "f32"]  # fmt: skip
+        op: [
+            tuple(d for d in shape if d != 1)
+            for dtype, shape in collective_operands(hlo, op)
+            if dtype == "f32"
+        ]
         for op in ("all-gather", "collective-permute")
     }
 
