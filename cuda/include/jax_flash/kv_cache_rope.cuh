@@ -8,9 +8,9 @@
 // same sincosf, the same explicitly rounded products, the same rounding to the input dtype), the
 // quantisation kv_cache.cuh's and numeric.h's (quantize_row_warp, QuantElem, warp_amax).
 //
-// Unquantized caches: one thread per (token, item): item j < rotary_dim / 2 + head_dim -
-// rotary_dim is apply_rope's item j for the Hq query heads and for the Hkv key heads (written
-// straight into the slot), one sincosf for both; the items past them copy v elements.
+// Unquantized caches: one thread per (token, item): apply_rope's items (rope_items: a pair or
+// pass-through feature of a group of heads) for the Hq query heads, then for the Hkv key heads
+// (written straight into the slot); the items past them copy v elements.
 // Quantized caches: per token each block computes the cos/sin table of the pairs in shared
 // memory, rotates query items from it, and runs one warp per (kv head, K|V) row: a K row is
 // rotated from the table into a per-warp shared-memory row (the values apply_rope stores),
@@ -39,6 +39,7 @@ using rope_cuda::copy_feature_heads;
 using rope_cuda::pair_cos_sin;
 using rope_cuda::rotate_pair;
 using rope_cuda::rope_item;
+using rope_cuda::rope_items;
 using rope_cuda::rotate_pair_heads;
 
 constexpr int kThreads = 256;
@@ -53,44 +54,37 @@ static_assert(kWarps * kMaxQuantRowBytes + 2 * 4 * (kMaxRotaryDim / 2) <= 48 * 1
 // ---------------------------------------------------------------------------------------------
 // Unquantized cache (of the input dtype T). One thread per (token, item), a flat grid as
 // apply_rope's kernel, each item one call of apply_rope's rope_item: items [0, q_items) rotate
-// the queries into q_out, items [q_items, q_items + rope_items) the keys straight into the slot;
-// item q_items + rope_items + d copies v feature d of every kv head.
+// the queries into q_out, items [q_items, q_items + k_items) the keys straight into the slot;
+// item q_items + k_items + e copies element e of the token's v row [Hkv, Dv].
 
 template <typename T, RopeStyle kStyle>
 __global__ void __launch_bounds__(kThreads) append_rope_plain_kernel(const AppendKVRopeParams p) {
   const RopeParams& r = p.rope;
-  const int32_t items = r.rotary_dim / 2 + (r.head_dim - r.rotary_dim);
-  const int32_t q_items = r.heads > 0 ? items : 0;
-  const int32_t per_token = q_items + items + p.kv.head_dim_v;
+  const int32_t H = p.kv.num_heads_k;
+  const int64_t q_items = r.heads > 0 ? rope_items(r.rotary_dim, r.head_dim, r.heads) : 0;
+  const int64_t k_items = rope_items(r.rotary_dim, r.head_dim, H);
+  const int64_t per_token = q_items + k_items + int64_t(H) * p.kv.head_dim_v;
   const int64_t g = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (g >= int64_t(r.tokens) * per_token) return;
   const int64_t t = g / per_token;
-  int32_t j = static_cast<int32_t>(g - t * per_token);
-  const int64_t H = p.kv.num_heads_k;
-  const T* x;
-  T* out;
-  int32_t heads;
+  int64_t j = g - t * per_token;
   if (j < q_items) {
     const int64_t row = t * r.heads * int64_t(r.head_dim);
-    x = static_cast<const T*>(r.x) + row;
-    out = static_cast<T*>(r.out) + row;
-    heads = r.heads;
-  } else {
-    const int64_t s = p.kv.slot_mapping[t];
-    if (s < 0 || s >= int64_t(p.kv.num_pages) * p.kv.page_size) return;  // skipped slot
-    j -= q_items;
-    if (j >= items) {  // v feature d of every kv head
-      const int64_t Dv = p.kv.head_dim_v, d = j - items;
-      const T* v = static_cast<const T*>(p.kv.v_new) + t * H * Dv + d;
-      T* v_out = static_cast<T*>(p.kv.v_pages) + s * H * Dv + d;
-      for (int64_t h = 0; h < H; ++h) v_out[h * Dv] = v[h * Dv];
-      return;
-    }
-    x = static_cast<const T*>(p.kv.k_new) + t * H * r.head_dim;
-    out = static_cast<T*>(p.kv.k_pages) + s * H * r.head_dim;
-    heads = static_cast<int32_t>(H);
+    rope_item<T, kStyle>(r, r.positions[t], static_cast<int32_t>(j),
+                         static_cast<const T*>(r.x) + row, static_cast<T*>(r.out) + row, r.heads);
+    return;
   }
-  rope_item<T, kStyle>(r, r.positions[t], j, x, out, heads);
+  const int64_t s = p.kv.slot_mapping[t];
+  if (s < 0 || s >= int64_t(p.kv.num_pages) * p.kv.page_size) return;  // skipped slot
+  j -= q_items;
+  if (j >= k_items) {  // element j - k_items of the token's v row [H, Dv]
+    const int64_t e = j - k_items, n = int64_t(H) * p.kv.head_dim_v;
+    static_cast<T*>(p.kv.v_pages)[s * n + e] = static_cast<const T*>(p.kv.v_new)[t * n + e];
+    return;
+  }
+  rope_item<T, kStyle>(r, r.positions[t], static_cast<int32_t>(j),
+                       static_cast<const T*>(p.kv.k_new) + t * H * r.head_dim,
+                       static_cast<T*>(p.kv.k_pages) + s * H * r.head_dim, H);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -134,12 +128,14 @@ __global__ void __launch_bounds__(kThreads) append_rope_quant_kernel(const Appen
     const int64_t row_q = t * r.heads * int64_t(r.head_dim);
     const T* q = static_cast<const T*>(r.x) + row_q;
     T* q_out = static_cast<T*>(r.out) + row_q;
-    const int32_t items = half + (r.head_dim - r.rotary_dim);
-    for (int32_t j = threadIdx.x; j < items; j += kThreads) {
+    const int32_t per_group = half + (r.head_dim - r.rotary_dim);
+    const int32_t items = static_cast<int32_t>(rope_items(r.rotary_dim, r.head_dim, r.heads));
+    for (int32_t w = threadIdx.x; w < items; w += kThreads) {
+      const int32_t j = w % per_group, h0 = (w / per_group) * rope_cuda::kHeadsPerItem;
       if (j < half)
-        rotate_pair_heads<T, kStyle>(r, j, cos_t[j], sin_t[j], q, q_out, r.heads);
+        rotate_pair_heads<T, kStyle>(r, j, cos_t[j], sin_t[j], q, q_out, h0, r.heads);
       else
-        copy_feature_heads(r, r.rotary_dim + (j - half), q, q_out, r.heads);
+        copy_feature_heads(r, r.rotary_dim + (j - half), q, q_out, h0, r.heads);
     }
   }
   if (!write) return;
@@ -192,9 +188,11 @@ cudaError_t launch_style(const AppendKVRopeParams& p, cudaStream_t stream) {
       append_rope_quant_kernel<T, kStyle, CacheDType::kFloat8E4M3>
           <<<static_cast<unsigned>(T_), kThreads, smem, stream>>>(p);
   } else {
-    // As the kernel counts: the query items (when q is rotated too), the key items, Dv.
-    const int64_t items = r.rotary_dim / 2 + (r.head_dim - r.rotary_dim);
-    const int64_t per_token = (r.heads > 0 ? items : 0) + items + p.kv.head_dim_v;
+    // As the kernel counts: the query items (when q is rotated too), the key items, Hkv * Dv.
+    const int64_t per_token =
+        (r.heads > 0 ? rope_items(r.rotary_dim, r.head_dim, r.heads) : 0) +
+        rope_items(r.rotary_dim, r.head_dim, p.kv.num_heads_k) +
+        int64_t(p.kv.num_heads_k) * p.kv.head_dim_v;
     const int64_t blocks = (T_ * per_token + kThreads - 1) / kThreads;
     if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
     append_rope_plain_kernel<T, kStyle><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);

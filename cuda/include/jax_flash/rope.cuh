@@ -1,8 +1,9 @@
 // CUDA kernel of apply_rope. Semantics: jax_flash/rope_params.h.
 //
-// One thread per (token, pair): it computes the pair's cos/sin once (sincosf, float32) and
-// rotates that pair in every head; threads past the pairs copy the features beyond rotary_dim.
-// Consecutive threads touch consecutive features of a head, so loads and stores coalesce. The
+// One thread per (token, group of kHeadsPerItem heads, pair): it computes the pair's cos/sin
+// once (sincosf, float32) and rotates that pair in the group's heads; threads past the pairs
+// copy the features beyond rotary_dim. Consecutive threads touch consecutive features of a
+// head, so loads and stores coalesce. The
 // op moves 2 * tokens * heads * head_dim elements and is bound by memory bandwidth.
 //
 // No XLA headers here.
@@ -45,50 +46,85 @@ __device__ __forceinline__ void rotate_pair(const T* x, int32_t i, int32_t rotar
   *b = from_float<T>(fb);
 }
 
-// Pair i rotated in every head of x [heads, head_dim] into out.
+// Heads one item covers: a thread loads the item's features of kHeadsPerItem heads, then
+// stores them. (One head at a time would cost a memory round trip per head: no load can move
+// above a store to out, which may alias x. A decode step's one token then took ~10 us for 32
+// heads on an H100.)
+constexpr int32_t kHeadsPerItem = 4;
+
+// Items of one token: rotary_dim / 2 pairs and head_dim - rotary_dim pass-through features,
+// each for every group of kHeadsPerItem of `heads` heads.
+__host__ __device__ constexpr int64_t rope_items(int32_t rotary_dim, int32_t head_dim,
+                                                 int32_t heads) {
+  return (int64_t(rotary_dim / 2) + (head_dim - rotary_dim)) *
+         ((int64_t(heads) + kHeadsPerItem - 1) / kHeadsPerItem);
+}
+
+// Pair i rotated in heads [h0, min(h0 + kHeadsPerItem, heads)) of x [heads, head_dim] into out.
 template <typename T, RopeStyle kStyle>
 __device__ __forceinline__ void rotate_pair_heads(const RopeParams& p, int32_t i, float c,
-                                                  float s, const T* x, T* out, int32_t heads) {
-  for (int32_t h = 0; h < heads; ++h) {
-    const int64_t o = static_cast<int64_t>(h) * p.head_dim;
-    int32_t ia, ib;
-    T a, b;
-    rotate_pair<T, kStyle>(x + o, i, p.rotary_dim, c, s, &ia, &ib, &a, &b);
-    out[o + ia] = a;
-    out[o + ib] = b;
+                                                  float s, const T* x, T* out, int32_t h0,
+                                                  int32_t heads) {
+  const int32_t ia = rope::first_of_pair(kStyle, i);
+  const int32_t ib = rope::second_of_pair(kStyle, i, p.rotary_dim);
+  T xa[kHeadsPerItem], xb[kHeadsPerItem];
+#pragma unroll
+  for (int32_t k = 0; k < kHeadsPerItem; ++k) {
+    const int64_t o = static_cast<int64_t>(h0 + k) * p.head_dim;
+    if (h0 + k < heads) {
+      xa[k] = x[o + ia];
+      xb[k] = x[o + ib];
+    }
+  }
+#pragma unroll
+  for (int32_t k = 0; k < kHeadsPerItem; ++k) {
+    const int64_t o = static_cast<int64_t>(h0 + k) * p.head_dim;
+    if (h0 + k < heads) {
+      float fa, fb;
+      rope::rotate(to_float(xa[k]), to_float(xb[k]), c, s, &fa, &fb);
+      out[o + ia] = from_float<T>(fa);
+      out[o + ib] = from_float<T>(fb);
+    }
   }
 }
 
-// Pass-through feature d (>= rotary_dim) copied in every head.
+// Pass-through feature d (>= rotary_dim) copied in heads [h0, min(h0 + kHeadsPerItem, heads)).
 template <typename T>
 __device__ __forceinline__ void copy_feature_heads(const RopeParams& p, int32_t d, const T* x,
-                                                   T* out, int32_t heads) {
-  for (int32_t h = 0; h < heads; ++h) {
-    const int64_t o = static_cast<int64_t>(h) * p.head_dim + d;
-    out[o] = x[o];
-  }
+                                                   T* out, int32_t h0, int32_t heads) {
+  T v[kHeadsPerItem];
+#pragma unroll
+  for (int32_t k = 0; k < kHeadsPerItem; ++k)
+    if (h0 + k < heads) v[k] = x[static_cast<int64_t>(h0 + k) * p.head_dim + d];
+#pragma unroll
+  for (int32_t k = 0; k < kHeadsPerItem; ++k)
+    if (h0 + k < heads) out[static_cast<int64_t>(h0 + k) * p.head_dim + d] = v[k];
 }
 
-// Rope item j of a token (j < rotary_dim / 2 + head_dim - rotary_dim): item j < rotary_dim / 2
-// rotates pair j of every head (one sincosf shared by the heads); the others copy feature
-// rotary_dim + (j - rotary_dim / 2) of every head.
+// Rope item w of a token (w < rope_items(rotary_dim, head_dim, heads)): j = w % (rotary_dim / 2
+// + head_dim - rotary_dim) in the heads of group w / that (consecutive items: consecutive
+// features of a head, so loads and stores coalesce). j < rotary_dim / 2 rotates pair j (one
+// sincosf shared by the group's heads); the others copy feature rotary_dim + (j - rotary_dim /
+// 2).
 template <typename T, RopeStyle kStyle>
-__device__ __forceinline__ void rope_item(const RopeParams& p, int32_t position, int32_t j,
+__device__ __forceinline__ void rope_item(const RopeParams& p, int32_t position, int32_t w,
                                           const T* x, T* out, int32_t heads) {
   const int32_t half = p.rotary_dim / 2;
+  const int32_t per_group = half + (p.head_dim - p.rotary_dim);
+  const int32_t h0 = (w / per_group) * kHeadsPerItem;
+  const int32_t j = w % per_group;
   if (j < half) {
     float c, s;
     pair_cos_sin(p.inv_freq[j], position, &c, &s);
-    rotate_pair_heads<T, kStyle>(p, j, c, s, x, out, heads);
+    rotate_pair_heads<T, kStyle>(p, j, c, s, x, out, h0, heads);
   } else {
-    copy_feature_heads(p, p.rotary_dim + (j - half), x, out, heads);
+    copy_feature_heads(p, p.rotary_dim + (j - half), x, out, h0, heads);
   }
 }
 
 template <typename T, RopeStyle kStyle>
 __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeParams p) {
-  const int32_t half = p.rotary_dim / 2;
-  const int32_t items = half + (p.head_dim - p.rotary_dim);  // per token
+  const int64_t items = rope_items(p.rotary_dim, p.head_dim, p.heads);  // per token
   const int64_t g = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (g >= p.tokens * items) return;
   const int64_t t = g / items;
@@ -100,7 +136,7 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeParams p) {
 
 template <typename T>
 cudaError_t launch_rope(const RopeParams& p, cudaStream_t stream) {
-  const int64_t items = p.rotary_dim / 2 + (p.head_dim - p.rotary_dim);
+  const int64_t items = rope_items(p.rotary_dim, p.head_dim, p.heads);
   const int64_t blocks = (p.tokens * items + kThreads - 1) / kThreads;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
   auto kernel = p.style == RopeStyle::kNeox ? rope_kernel<T, RopeStyle::kNeox>
