@@ -2,7 +2,13 @@
 
 n calls of fn run inside one jitted `lax.fori_loop`, each call's inputs depending on the previous
 call's output through a one-element in-place update (so no call is hoisted, merged or skipped,
-and host dispatch and synchronisation stay out of the per-call time). A run of the loop also has
+and host dispatch and synchronisation stay out of the per-call time). On a GPU the loop is
+compiled so that XLA runs each iteration's kernels as one CUDA graph, as it does a model's
+step (LOOP_COMPILER_OPTIONS): by default XLA graphs only runs of 5 or more graphable ops, so the
+few kernels of a one-call body would each be launched from the host, 5-8 us apart on an H100,
+which counts launch gaps in place of kernel time for short calls (decode) and penalises an
+implementation of one kernel against one of several (measured: jax_flash 1 x 8k paged decode,
+17.9 us per call with its 9.8 + 2-4 us kernels). A run of the loop also has
 a fixed cost besides its calls (dispatch, copies of the chained inputs, synchronisation: ~0.5 ms
 on an H100, varying by tenths of a ms), so from 10 calls on the figure is the slope between loops
 of n and n // 5 calls, timed in alternation, the median over the pairs (the steady-state time of
@@ -22,9 +28,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+# XLA options of the timing loops: every op run of an iteration in one CUDA graph (GPU).
+LOOP_COMPILER_OPTIONS = {"xla_gpu_graph_min_graph_size": 1}
+
 METHOD = (
-    "n chained calls in one jitted fori_loop: median over alternating runs of the slope "
-    "between n and n // 5 calls (n >= 10), else median run time / n"
+    "n chained calls in one jitted fori_loop (each iteration one CUDA graph on GPU): median "
+    "over alternating runs of the slope between n and n // 5 calls (n >= 10), else median "
+    "run time / n"
 )
 
 
@@ -85,7 +95,7 @@ def chained_loop(fn, args, n: int, chain):
         init = (tuple(args[i] for i in chain), zeros)
         return jax.lax.fori_loop(0, n, body, init)[1]
 
-    return jax.jit(run)
+    return jax.jit(run, compiler_options=LOOP_COMPILER_OPTIONS)
 
 
 def _runs_time(loop, args, runs: int) -> float:
@@ -178,7 +188,7 @@ def scaled_loop_time(f, x, n: int) -> float:
             o = jax.eval_shape(f, x, one)
             return jax.lax.fori_loop(0, m, body, (one, jnp.zeros(o.shape, o.dtype)))
 
-        return jax.jit(run)
+        return jax.jit(run, compiler_options=LOOP_COMPILER_OPTIONS)
 
     return slope_time(make, (x,), n, runs=5)[0]
 
