@@ -28,7 +28,7 @@ namespace jax_flash {
 // The calls the Hopper kernel computes exactly as the contract says:
 //  - an sm_90a build on a compute capability 9.0 device;
 //  - the tensor-core choice of policy/flash.h (dtype, scales, head dims D and Dv multiples of 16
-//    up to 256, run on the tile of policy::flash_mma_tile_dim);
+//    up to 256, run on the tile of policy::flash_hopper_tile_dim);
 //  - num_heads % num_heads_k == 0; total_k > 0;
 //  - q, k, v, o 16-byte aligned, row strides multiples of 8 elements (TMA's 16-byte strides);
 //    lse 4-byte aligned or null.
@@ -80,7 +80,7 @@ cudaError_t launch_flash_hopper(const FlashParams& p, cudaStream_t stream, const
 
 }  // namespace hopper
 
-// Fused attention on the Hopper kernel for kHeadDim == policy::flash_mma_tile_dim(p.head_dim,
+// Fused attention on the Hopper kernel for kHeadDim == policy::flash_hopper_tile_dim(p.head_dim,
 // p.head_dim_v) (head dims below the tile width run zero-padded), T = __half or __nv_bfloat16,
 // params accepted by flash_attention_hopper_supported. Writes o and lse for every
 // row that some sequence owns (rows past max_seqlen_q excepted). Returns cudaErrorNotSupported,
@@ -101,11 +101,15 @@ extern template cudaError_t run_flash_attention_hopper<__half, 64>(const FlashPa
                                                                    cudaStream_t);
 extern template cudaError_t run_flash_attention_hopper<__half, 128>(const FlashParams&,
                                                                     cudaStream_t);
+extern template cudaError_t run_flash_attention_hopper<__half, 192>(const FlashParams&,
+                                                                    cudaStream_t);
 extern template cudaError_t run_flash_attention_hopper<__half, 256>(const FlashParams&,
                                                                     cudaStream_t);
 extern template cudaError_t run_flash_attention_hopper<__nv_bfloat16, 64>(const FlashParams&,
                                                                           cudaStream_t);
 extern template cudaError_t run_flash_attention_hopper<__nv_bfloat16, 128>(const FlashParams&,
+                                                                           cudaStream_t);
+extern template cudaError_t run_flash_attention_hopper<__nv_bfloat16, 192>(const FlashParams&,
                                                                            cudaStream_t);
 extern template cudaError_t run_flash_attention_hopper<__nv_bfloat16, 256>(const FlashParams&,
                                                                            cudaStream_t);
