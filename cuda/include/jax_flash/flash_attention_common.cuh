@@ -1,6 +1,7 @@
-// Device helpers shared by the fused prefill-attention kernels (SIMT fallback and tensor-core
-// kernels): the fill_uncovered launcher and the mapping of a linear q-tile index onto
-// (sequence, q block) for packed/varlen calls. See flash_params.h for the contract.
+// Helpers shared by the fused prefill-attention kernels (SIMT fallback and tensor-core kernels):
+// what both tensor-core kernels need of a call, the fill_uncovered launcher and the mapping of a
+// linear q-tile index onto (sequence, q block) for packed/varlen calls. See flash_params.h for
+// the contract.
 //
 // No XLA headers here.
 #pragma once
@@ -15,9 +16,29 @@
 #include "jax_flash/dtype.cuh"
 #include "jax_flash/flash_params.h"
 #include "jax_flash/launch.cuh"
+#include "jax_flash/policy/flash.h"
 #include "jax_flash/warp.cuh"
 
 namespace jax_flash {
+
+// What both tensor-core prefill kernels (mma.sync and Hopper) need of a call:
+//  - policy::flash_kernel_choice picks them: dtype float16 or bfloat16; head_dim, head_dim_v
+//    multiples of 16 up to 256; softmax_scale finite, and > 0 unless softcap > 0 (the running
+//    max is kept in unscaled units); softcap finite (softcap <= 0 means off);
+//  - num_heads >= 1, num_heads_k >= 1, num_heads % num_heads_k == 0;
+//  - q, k, v, o 16-byte aligned and every row stride a multiple of 8 elements (16-byte cp.async
+//    and stores, TMA's 16-byte strides); lse 4-byte aligned (or null: then no lse is written).
+inline bool flash_tensor_core_call_supported(const FlashParams& p) {
+  if (policy::flash_kernel_choice(p.dtype, p.head_dim, p.head_dim_v, p.softmax_scale,
+                                  p.softcap) != policy::FlashChoice::kTensorCore)
+    return false;
+  if (p.num_heads < 1 || p.num_heads_k < 1 || p.num_heads % p.num_heads_k != 0) return false;
+  auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.o)) return false;
+  if (reinterpret_cast<uintptr_t>(p.lse) % 4 != 0) return false;
+  return p.q_row_stride % 8 == 0 && p.k_row_stride % 8 == 0 && p.v_row_stride % 8 == 0 &&
+         p.o_row_stride % 8 == 0;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Tile scheduling for packed/varlen calls

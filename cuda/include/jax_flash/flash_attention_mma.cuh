@@ -47,26 +47,10 @@
 
 namespace jax_flash {
 
-// The parameters this kernel computes exactly as the contract says; the dispatcher sends all
-// others to the SIMT kernel.
-//  - policy::flash_kernel_choice picks it: dtype float16 or bfloat16; head_dim, head_dim_v
-//    multiples of 16 up to 256; softmax_scale finite, and > 0 unless softcap > 0 (the running
-//    max is kept in unscaled units); softcap finite (softcap <= 0 means off);
-//  - num_heads >= 1, num_heads_k >= 1, num_heads % num_heads_k == 0;
-//  - q, k, v, o 16-byte aligned and every row stride a multiple of 8 elements (16-byte cp.async
-//    and stores); lse 4-byte aligned (or null: then no lse is written).
+// The parameters this kernel computes exactly as the contract says
+// (flash_tensor_core_call_supported); the dispatcher sends all others to the SIMT kernel.
 inline bool flash_attention_mma_supported(const FlashParams& p) {
-  if (policy::flash_kernel_choice(p.dtype, p.head_dim, p.head_dim_v, p.softmax_scale,
-                                  p.softcap) != policy::FlashChoice::kTensorCore)
-    return false;
-  if (p.num_heads < 1 || p.num_heads_k < 1 || p.num_heads % p.num_heads_k != 0) return false;
-  auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.o)) return false;
-  if (reinterpret_cast<uintptr_t>(p.lse) % 4 != 0) return false;
-  if (p.q_row_stride % 8 != 0 || p.k_row_stride % 8 != 0 || p.v_row_stride % 8 != 0 ||
-      p.o_row_stride % 8 != 0)
-    return false;
-  return true;
+  return flash_tensor_core_call_supported(p);
 }
 
 namespace mma_detail {

@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "jax_flash/dtype.cuh"
+#include "jax_flash/flash_attention_common.cuh"
 #include "jax_flash/flash_params.h"
 #include "jax_flash/hopper/flash_fwd_kernel.cuh"
 #include "jax_flash/hopper/tile_config.cuh"
@@ -25,25 +26,12 @@
 
 namespace jax_flash {
 
-// The calls the Hopper kernel computes exactly as the contract says:
-//  - an sm_90a build on a compute capability 9.0 device;
-//  - the tensor-core choice of policy/flash.h (dtype, scales, head dims D and Dv multiples of 16
-//    up to 256, run on the tile of policy::flash_hopper_tile_dim);
-//  - num_heads % num_heads_k == 0; total_k > 0;
-//  - q, k, v, o 16-byte aligned, row strides multiples of 8 elements (TMA's 16-byte strides);
-//    lse 4-byte aligned or null.
+// The calls the Hopper kernel computes exactly as the contract says: those of
+// flash_tensor_core_call_supported (on the tile of policy::flash_hopper_tile_dim) with
+// total_k > 0 and total_q > 0, in an sm_90a build on a compute capability 9.0 device.
 inline bool flash_attention_hopper_supported(const FlashParams& p) {
-  if (policy::flash_kernel_choice(p.dtype, p.head_dim, p.head_dim_v, p.softmax_scale,
-                                  p.softcap) != policy::FlashChoice::kTensorCore)
-    return false;
-  if (p.num_heads < 1 || p.num_heads_k < 1 || p.num_heads % p.num_heads_k != 0) return false;
+  if (!flash_tensor_core_call_supported(p)) return false;
   if (p.total_k <= 0 || p.total_q <= 0) return false;
-  auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.o)) return false;
-  if (reinterpret_cast<uintptr_t>(p.lse) % 4 != 0) return false;
-  if (p.q_row_stride % 8 != 0 || p.k_row_stride % 8 != 0 || p.v_row_stride % 8 != 0 ||
-      p.o_row_stride % 8 != 0)
-    return false;
   return hopper::sm90a_code_runs_here();
 }
 
