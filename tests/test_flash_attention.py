@@ -127,9 +127,10 @@ def test_head_dims(platform, rng, d, dv, dtype):
     _dense_case(platform, rng, 2, 45, 53, 4, 2, d, dtype, Dv=dv, causal=True)
 
 
-# Head dims of real models on the tensor-core kernel (16-bit): its 64 / 128 / 256 tiles run
-# every multiple of 16 (policy::flash_mma_tile_dim), D != Dv too; the padded variant is checked
-# with and without softcap, causal and not. On CUDA the call must run that kernel.
+# Head dims of real models on the tensor-core kernels (16-bit): their tiles run every multiple
+# of 16 (policy::flash_mma_tile_dim: 64 / 128 / 256; on Hopper flash_hopper_tile_dim adds 192),
+# D != Dv too; the padded variants are checked with and without softcap, causal and not. On CUDA
+# the call must run a tensor-core kernel.
 @pytest.mark.parametrize(
     "d,dv,dtype,opts",
     [
@@ -139,7 +140,9 @@ def test_head_dims(platform, rng, d, dv, dtype):
         (80, 80, "float16", {"causal": True, "logits_soft_cap": 5.0}),
         (96, 96, "bfloat16", {"causal": False}),
         (112, 112, "float16", {"causal": True}),
+        (144, 144, "bfloat16", {"causal": True, "logits_soft_cap": 5.0}),
         (160, 160, "bfloat16", {"causal": True}),
+        (192, 192, "float16", {"causal": False}),
         (192, 128, "bfloat16", {"causal": True}),
         (128, 64, "float16", {"causal": False, "sliding_window": (20, 3)}),
         (48, 208, "bfloat16", {"causal": True}),

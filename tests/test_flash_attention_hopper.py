@@ -1,8 +1,8 @@
-"""Tile edges of the prefill kernels' 128-row query tiles and 64/128-row key tiles (the Hopper
-kernel's; on other GPUs and on CPU the same cases check the kernels there): lengths that are
-not multiples of the tiles, Sq != Skv, windows crossing tiles, rows that see no key, packed
-sequences whose tiles reach into the next sequence, non-finite values past a length, and head
-dims below the tile width (zero-padded)."""
+"""Tile edges of the prefill kernels' 128-row query tiles and 64/96/128-row key tiles (the Hopper
+kernel's, whose tiles are 64, 128, 192 and 256 wide; on other GPUs and on CPU the same cases
+check the kernels there): lengths that are not multiples of the tiles, Sq != Skv, windows
+crossing tiles, rows that see no key, packed sequences whose tiles reach into the next sequence,
+non-finite values past a length, and head dims below the tile width (zero-padded)."""
 
 import functools
 
@@ -20,7 +20,7 @@ from _util import randn, rel_err, tolerance
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("d", [64, 128, 192, 256])
 def test_lengths_off_the_tiles(platform, rng, d, causal, dtype):
     _dense_case(platform, rng, 1, 200, 200, 6, 2, d, dtype, causal=causal)
 
@@ -35,7 +35,7 @@ def test_unequal_lengths_across_tiles(platform, rng, sq, skv, causal):
 
 
 @pytest.mark.parametrize("window", [(100, 0), (150, 20), (0, 130), (1, 1)], ids=str)
-@pytest.mark.parametrize("d", [64, 256])
+@pytest.mark.parametrize("d", [64, 192, 256])
 def test_windows_crossing_tiles(platform, rng, window, d):
     _dense_case(platform, rng, 1, 333, 333, 4, 2, d, "bfloat16", sliding_window=window)
 
@@ -44,7 +44,7 @@ def test_soft_cap_across_tiles(platform, rng):
     _dense_case(platform, rng, 1, 259, 259, 4, 2, 128, "float16", causal=True, logits_soft_cap=5.0)
 
 
-@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("d", [64, 128, 192, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen_tiles_into_next_sequence(platform, rng, causal, d):
     # 130 and 257 rows end inside a tile whose other rows belong to the next sequence.
@@ -54,7 +54,7 @@ def test_varlen_tiles_into_next_sequence(platform, rng, causal, d):
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
-@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("d", [64, 128, 192, 256])
 def test_values_past_a_length_never_reach_the_output(platform, rng, bad, d):
     # kv_seqlens 70 and 150 end inside a key tile; every k and v row past them is non-finite.
     B, S, Hq, Hkv = 2, 256, 4, 2
@@ -77,16 +77,28 @@ def test_values_past_a_length_never_reach_the_output(platform, rng, bad, d):
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(
-    "d,dv", [(16, 16), (48, 32), (80, 80), (96, 96), (112, 112), (160, 160), (192, 128), (128, 64)]
+    "d,dv",
+    [
+        (16, 16),
+        (48, 32),
+        (80, 80),
+        (96, 96),
+        (112, 112),
+        (144, 144),
+        (160, 160),
+        (192, 128),
+        (128, 192),
+        (128, 64),
+    ],
 )
 def test_head_dims_below_the_tile_width(platform, rng, d, dv, causal):
-    # Zero-padded to the 64/128/256-wide tile (TMA reads zeros past D and Dv); off the row tiles,
-    # GQA. Only the Dv columns of each head may be written: a padded column stored would land in
-    # the next head's output.
+    # Zero-padded to the 64/128/192/256-wide tile (TMA reads zeros past D and Dv; at 128/192 a
+    # whole Q / K panel of the 192 tile); off the row tiles, GQA. Only the Dv columns of each head
+    # may be written: a padded column stored would land in the next head's output.
     _dense_case(platform, rng, 2, 139, 201, 6, 2, d, "bfloat16", Dv=dv, causal=causal)
 
 
-@pytest.mark.parametrize("d", [80, 160])
+@pytest.mark.parametrize("d", [80, 160, 176])
 def test_head_dims_below_the_tile_width_varlen(platform, rng, d):
     # Rows that see no key in a padded tile (o written as zeros, only D columns), packed
     # sequences reaching into the next one.

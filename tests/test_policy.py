@@ -101,6 +101,32 @@ def test_head_dim_rules():
                 assert policy.paged_mma_tile_dim(d, dv) == tile == policy.flash_mma_tile_dim(d, dv)
 
 
+@pytest.mark.parametrize(
+    "d,dv,tile",
+    [
+        (16, 16, 64),
+        (64, 64, 64),
+        (80, 64, 128),
+        (128, 128, 128),
+        (144, 144, 192),
+        (160, 160, 192),
+        (192, 192, 192),
+        (192, 128, 192),
+        (128, 192, 192),
+        (48, 176, 192),
+        (208, 208, 256),
+        (192, 208, 256),
+        (256, 256, 256),
+    ],
+)
+def test_hopper_prefill_tile(d, dv, tile):
+    """The Hopper prefill kernel adds a 192-wide tile for max(D, Dv) in (128, 192] (D 192 and
+    D/Dv 192/128 would otherwise run zero-padded on the 256 tile); the mma.sync kernel keeps
+    64 / 128 / 256."""
+    assert policy.flash_hopper_tile_dim(d, dv) == tile
+    assert policy.flash_mma_tile_dim(d, dv) == (256 if tile == 192 else tile)
+
+
 PAGED = policy.PAGED_CHOICES
 KERNEL = policy.PAGED_KERNELS
 

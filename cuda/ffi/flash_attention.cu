@@ -29,9 +29,10 @@ cudaError_t dispatch_head_dim(const FlashParams& p, cudaStream_t stream) {
     // supported) when the driver rejects a TMA descriptor, and the mma.sync kernel runs instead.
     if (flash_attention_hopper_supported(p)) {
       cudaError_t status = cudaErrorNotSupported;
-      switch (policy::flash_mma_tile_dim(p.head_dim, p.head_dim_v)) {
+      switch (policy::flash_hopper_tile_dim(p.head_dim, p.head_dim_v)) {
         case 64: status = run_flash_attention_hopper<T, 64>(p, stream); break;
         case 128: status = run_flash_attention_hopper<T, 128>(p, stream); break;
+        case 192: status = run_flash_attention_hopper<T, 192>(p, stream); break;
         case 256: status = run_flash_attention_hopper<T, 256>(p, stream); break;
         default: break;
       }

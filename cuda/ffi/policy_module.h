@@ -96,6 +96,9 @@ inline void def_policy_module(nanobind::module_& parent) {
   m.def("flash_mma_tile_dim",
         [](int64_t d, int64_t dv) { return policy::flash_mma_tile_dim(d, dv); }, "head_dim"_a,
         "head_dim_v"_a);
+  m.def("flash_hopper_tile_dim",
+        [](int64_t d, int64_t dv) { return policy::flash_hopper_tile_dim(d, dv); }, "head_dim"_a,
+        "head_dim_v"_a);
   m.def(
       "flash_kernel_choice",
       [](const std::string& dtype, int64_t d, int64_t dv, float softmax_scale, float softcap) {

@@ -49,21 +49,24 @@ foreach(kernel simt mma)
 endforeach()
 
 # Prefill on Hopper (wgmma + TMA; code only in the sm_90a pass): one file per 16-bit dtype with
-# every head dim, which compile in seconds.
-string(REPLACE ";" ", " _jf_head_dims_text "${_jf_head_dims}")
+# every tile width of policy::flash_hopper_tile_dim (the mma widths and 192), which compile in
+# seconds.
+set(_jf_hopper_tile_dims 64 128 192 256)
+string(REPLACE ";" ", " _jf_hopper_tile_dims_text "${_jf_hopper_tile_dims}")
 foreach(tag f16 bf16)
   set(_jf_hopper_args "")
-  foreach(d IN LISTS _jf_head_dims)
+  foreach(d IN LISTS _jf_hopper_tile_dims)
     list(APPEND _jf_hopper_args "${_jf_type_${tag}}, ${d}")
   endforeach()
   jax_flash_instantiate(flash_attention_hopper_${tag}
     HEADER jax_flash/hopper/flash_fwd_launch.cuh FUNCTION run_flash_attention_hopper
-    PARAMS FlashParams WHAT "${_jf_type_${tag}}, head dims ${_jf_head_dims_text}"
+    PARAMS FlashParams WHAT "${_jf_type_${tag}}, tile widths ${_jf_hopper_tile_dims_text}"
     ARGS ${_jf_hopper_args})
 endforeach()
 
 # Paged multi-token queries on the Hopper prefill kernel (code only in the sm_90a pass): one file
 # per 16-bit dtype with every tile width.
+string(REPLACE ";" ", " _jf_head_dims_text "${_jf_head_dims}")
 foreach(tag f16 bf16)
   set(_jf_hopper_args "")
   foreach(d IN LISTS _jf_head_dims)

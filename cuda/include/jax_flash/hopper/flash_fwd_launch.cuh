@@ -27,8 +27,8 @@
 namespace jax_flash {
 
 // The calls the Hopper kernel computes exactly as the contract says: those of
-// flash_tensor_core_call_supported (on the tile of policy::flash_mma_tile_dim) with total_k > 0
-// and total_q > 0, in an sm_90a build on a compute capability 9.0 device.
+// flash_tensor_core_call_supported (on the tile of policy::flash_hopper_tile_dim) with
+// total_k > 0 and total_q > 0, in an sm_90a build on a compute capability 9.0 device.
 inline bool flash_attention_hopper_supported(const FlashParams& p) {
   if (!flash_tensor_core_call_supported(p)) return false;
   if (p.total_k <= 0 || p.total_q <= 0) return false;
@@ -68,7 +68,7 @@ cudaError_t launch_flash_hopper(const FlashParams& p, cudaStream_t stream, const
 
 }  // namespace hopper
 
-// Fused attention on the Hopper kernel for kHeadDim == policy::flash_mma_tile_dim(p.head_dim,
+// Fused attention on the Hopper kernel for kHeadDim == policy::flash_hopper_tile_dim(p.head_dim,
 // p.head_dim_v) (head dims below the tile width run zero-padded), T = __half or __nv_bfloat16,
 // params accepted by flash_attention_hopper_supported. Writes o and lse for every
 // row that some sequence owns (rows past max_seqlen_q excepted). Returns cudaErrorNotSupported,
@@ -89,11 +89,15 @@ extern template cudaError_t run_flash_attention_hopper<__half, 64>(const FlashPa
                                                                    cudaStream_t);
 extern template cudaError_t run_flash_attention_hopper<__half, 128>(const FlashParams&,
                                                                     cudaStream_t);
+extern template cudaError_t run_flash_attention_hopper<__half, 192>(const FlashParams&,
+                                                                    cudaStream_t);
 extern template cudaError_t run_flash_attention_hopper<__half, 256>(const FlashParams&,
                                                                     cudaStream_t);
 extern template cudaError_t run_flash_attention_hopper<__nv_bfloat16, 64>(const FlashParams&,
                                                                           cudaStream_t);
 extern template cudaError_t run_flash_attention_hopper<__nv_bfloat16, 128>(const FlashParams&,
+                                                                           cudaStream_t);
+extern template cudaError_t run_flash_attention_hopper<__nv_bfloat16, 192>(const FlashParams&,
                                                                            cudaStream_t);
 extern template cudaError_t run_flash_attention_hopper<__nv_bfloat16, 256>(const FlashParams&,
                                                                            cudaStream_t);

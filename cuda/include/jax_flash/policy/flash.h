@@ -14,21 +14,31 @@
 
 namespace jax_flash::policy {
 
-// Head dims of the tensor-core kernel: D and Dv multiples of 16 from 16 to 256 (D != Dv too).
-// It is compiled for three tile widths (64, 128, 256: flash_mma_tile_dim); a call whose
-// max(D, Dv) is below its tile's width runs the tile's padded variant, which copies rows at
-// their own width, zero-fills the tile's other columns in shared memory and skips the k16 steps
-// of Q K^T past D and the n16 column pairs of P V past Dv (so the tensor-core work follows D and
-// Dv, not the tile).
+// Head dims of the tensor-core kernels: D and Dv multiples of 16 from 16 to 256 (D != Dv too).
+// The mma.sync kernel is compiled for three tile widths (64, 128, 256: flash_mma_tile_dim); a
+// call whose max(D, Dv) is below its tile's width runs the tile's padded variant, which copies
+// rows at their own width, zero-fills the tile's other columns in shared memory and skips the k16
+// steps of Q K^T past D and the n16 column pairs of P V past Dv (so the tensor-core work follows
+// D and Dv, not the tile). The Hopper kernel has four (flash_hopper_tile_dim), zero-padded by TMA.
 constexpr bool flash_mma_head_dims_supported(int64_t head_dim, int64_t head_dim_v) {
   return mma_tile_head_dims_supported(head_dim, head_dim_v);
 }
 
-// The tile width (64, 128 or 256) of the tensor-core kernels for head dims D, Dv (supported):
-// the mma.sync kernel's, and on compute capability 9.0 the Hopper (wgmma + TMA) kernel's, which
-// takes every tensor-core call in builds with sm_90a code (flash_attention_hopper_supported).
+// The tile width (64, 128 or 256) of the mma.sync kernel for head dims D, Dv (supported).
 constexpr int flash_mma_tile_dim(int64_t head_dim, int64_t head_dim_v) {
   return mma_tile_dim(head_dim, head_dim_v);
+}
+
+// The tile width (64, 128, 192 or 256) of the Hopper (wgmma + TMA) prefill kernel, which takes
+// every tensor-core call on compute capability 9.0 in builds with sm_90a code
+// (flash_attention_hopper_supported), for head dims D, Dv (supported): the narrowest that holds
+// max(D, Dv). The 192 tile serves max(D, Dv) in (128, 192], e.g. D 192 and DeepSeek's D/Dv
+// 192/128, which the 256 tile would run with a quarter or more of its tensor-core work on zeros
+// (measured in hopper/tile_config.cuh). Paged multi-token queries keep the mma tiles
+// (paged_mma_tile_dim): a 96-key tile would not take 64- or 128-row pages.
+constexpr int flash_hopper_tile_dim(int64_t head_dim, int64_t head_dim_v) {
+  const int64_t d = head_dim > head_dim_v ? head_dim : head_dim_v;
+  return d <= 64 ? 64 : (d <= 128 ? 128 : (d <= 192 ? 192 : 256));
 }
 
 // Head dims of the Hopper backward kernel (hopper/flash_bwd_kernel.cuh), which takes the
