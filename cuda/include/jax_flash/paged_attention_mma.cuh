@@ -853,8 +853,8 @@ cudaError_t launch_paged_attention_mma(const PagedAttentionParams& p, cudaStream
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
   // at most 8 query rows per CTA (GQA decode): row halves 8-15 are padding
   const bool half = rows <= 8;
-  auto kernel =
-      half ? paged_attention_mma_kernel<T, TC, D, 1, C> : paged_attention_mma_kernel<T, TC, D, 2, C>;
+  auto kernel = half ? paged_attention_mma_kernel<T, TC, D, 1, C>
+                     : paged_attention_mma_kernel<T, TC, D, 2, C>;
   cudaError_t err = half ? ensure_smem_attrs<paged_attention_mma_kernel<T, TC, D, 1, C>>(C::kSmem)
                          : ensure_smem_attrs<paged_attention_mma_kernel<T, TC, D, 2, C>>(C::kSmem);
   if (err != cudaSuccess) return err;
