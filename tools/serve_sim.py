@@ -1,6 +1,8 @@
 """The serving benchmark's trace simulated: the engine's own `Scheduler` (admission, pages,
 preemption, chunked prefill) stepped by a step-time model instead of a device, against static
-batching as benchmarks/serve_bench.py runs it. No JAX device work; runs in seconds on a CPU.
+batching, on the benchmark's own trace (`make_trace`: random prompt tokens, so no prefix is
+shared) and static batches (`static_batches`) from benchmarks/serve_bench.py. No JAX device
+work; runs in seconds on a CPU.
 
     python tools/serve_sim.py
 
@@ -16,19 +18,19 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from jax_flash.nn import pages_needed  # noqa: E402
+_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path[:0] = [_ROOT, os.path.join(_ROOT, "benchmarks")]
+from serve_bench import make_trace, static_batches  # noqa: E402
+
 from jax_flash.serve.pages import PagePool  # noqa: E402
 from jax_flash.serve.request import Request, SamplingParams  # noqa: E402
 from jax_flash.serve.scheduler import Scheduler  # noqa: E402
 
+VOCAB = 128256
 
-def trace(n, rate, seed=0, plen=(64, 1024), olen=(16, 512)):
-    rng = np.random.default_rng(seed)
-    arr = np.cumsum(rng.exponential(1 / rate, n)) if rate > 0 else np.zeros(n)
-    pl = rng.integers(plen[0], plen[1] + 1, n)
-    ol = rng.integers(olen[0], olen[1] + 1, n)
-    return [(float(a), int(p), int(o)) for a, p, o in zip(arr, pl, ol, strict=True)]
+
+def trace(n, rate, seed=0, prompt_len=(64, 1024), output_len=(16, 512)):
+    return make_trace(np.random.default_rng(seed), n, rate, prompt_len, output_len, VOCAB)
 
 
 def engine(
@@ -45,8 +47,8 @@ def engine(
     pool = PagePool(num_pages)
     s = Scheduler(pool, P, max_batch=max_batch, max_prefill_rows=rows, prefill_chunk=chunk)
     reqs = [
-        Request(i, list(range(1, p + 1)), o, frozenset(), SamplingParams(), a)
-        for i, (a, p, o) in enumerate(tr)
+        Request(i, r["prompt"], r["max_new"], frozenset(), SamplingParams(), r["arrival"])
+        for i, r in enumerate(tr)
     ]
     t, nxt, done, steps, toks = 0.0, 0, 0, 0, 0
     while done < len(reqs):
@@ -72,29 +74,18 @@ def engine(
             if len(r.output) >= r.max_new_tokens:
                 s.finish(r, "length")
                 done += 1
-    return toks / (t - tr[0][0]), steps, t, s.stats.preemptions
+    return toks / t, steps, t, s.stats.preemptions
 
 
 def static(tr, num_pages=1024, P=16, max_batch=48, dstep=1.66, per_tok=0.0062):
-    t, i, toks = 0.0, 0, 0
-    while i < len(tr):
-        j, used = i, 0
-        while j < len(tr) and j - i < max_batch:
-            need = pages_needed(tr[j][1] + tr[j][2] - 1, P)
-            if used + need > num_pages - 1:
-                break
-            used += need
-            j += 1
-        batch = tr[i:j]
-        start = max(t, max(a for a, _, _ in batch))
-        t = (
-            start
-            + (sum(p for _, p, _ in batch) * per_tok + (max(o for _, _, o in batch) - 1) * dstep)
-            / 1e3
-        )
-        toks += sum(o for _, _, o in batch)
-        i = j
-    return toks / (t - tr[0][0]), t
+    t, toks = 0.0, 0
+    for idx in static_batches(tr, num_pages, P, max_batch):
+        batch = [tr[i] for i in idx]
+        start = max(t, max(r["arrival"] for r in batch))
+        prefill = sum(len(r["prompt"]) for r in batch) * per_tok
+        t = start + (prefill + (max(r["max_new"] for r in batch) - 1) * dstep) / 1e3
+        toks += sum(r["max_new"] for r in batch)
+    return toks / t, t
 
 
 def main():
