@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "jax_flash/paged_attention_mma.cuh"
+#include "cuda_graph_timing.cuh"
 
 using namespace jax_flash;
 typedef __nv_bfloat16 bf;
@@ -161,41 +162,7 @@ __global__ void reference_kernel(PagedAttentionParams p, float* o_ref, float* s,
   }
 }
 
-// ---- timing: n calls captured in one graph, best of 5 replays, us per call ----
-template <class F>
-float graph_us(F launch, int n = 100) {
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  for (int i = 0; i < 3; ++i) CK(launch(s, i));
-  CK(cudaStreamSynchronize(s));
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < n; ++i) CK(launch(s, i));
-  CK(cudaStreamEndCapture(s, &g));
-  CK(cudaGraphInstantiate(&ge, g, 0));
-  CK(cudaGraphLaunch(ge, s));
-  CK(cudaStreamSynchronize(s));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  float best = 1e30f;
-  for (int r = 0; r < 5; ++r) {
-    CK(cudaEventRecord(a, s));
-    CK(cudaGraphLaunch(ge, s));
-    CK(cudaEventRecord(b, s));
-    CK(cudaEventSynchronize(b));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    best = std::min(best, ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
-  cudaStreamDestroy(s);
-  return best * 1e3f / n;
-}
+using tools::graph_us;  // n calls in one CUDA graph, us per call (cuda_graph_timing.cuh)
 
 // ---- the configurations (all on the 128-wide tile) ----
 using Launcher = cudaError_t (*)(const PagedAttentionParams&, cudaStream_t);

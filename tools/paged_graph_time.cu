@@ -15,6 +15,7 @@
 #include <random>
 #include <vector>
 #include "jax_flash/paged_attention_mma.cuh"
+#include "cuda_graph_timing.cuh"
 using namespace jax_flash;
 typedef __nv_bfloat16 bf;
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("CUDA %s line %d\n", cudaGetErrorString(e_), __LINE__); exit(2); } } while (0)
@@ -28,25 +29,7 @@ __global__ void read_kernel(const uint4* x, size_t n, uint4* sink) {
   if (acc.x == 0x12345678) sink[0] = acc;
 }
 
-template <class F> float graph_us(F launch, int n = 100) {
-  cudaStream_t s; CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  for (int i = 0; i < 3; ++i) CK(launch(s));
-  CK(cudaStreamSynchronize(s));
-  cudaGraph_t g; cudaGraphExec_t ge;
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < n; ++i) CK(launch(s));
-  CK(cudaStreamEndCapture(s, &g));
-  CK(cudaGraphInstantiate(&ge, g, 0));
-  CK(cudaGraphLaunch(ge, s)); CK(cudaStreamSynchronize(s));
-  cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
-  float best = 1e30f;
-  for (int r = 0; r < 5; ++r) {
-    cudaEventRecord(a, s); CK(cudaGraphLaunch(ge, s)); cudaEventRecord(b, s); CK(cudaEventSynchronize(b));
-    float ms; cudaEventElapsedTime(&ms, a, b); best = std::min(best, ms);
-  }
-  cudaGraphExecDestroy(ge); cudaGraphDestroy(g); cudaStreamDestroy(s);
-  return best * 1e3f / n;
-}
+using tools::graph_us;  // n calls in one CUDA graph, us per call (cuda_graph_timing.cuh)
 
 template <int D>
 void run(int ctx, int num_sms) {
@@ -82,7 +65,7 @@ void run(int ctx, int num_sms) {
       if (var == 1) p.launch.merge = false;                       // attention grid alone
       if (var == 2) { p.launch.pdl = false; p.launch.merge_pdl = false; }  // ordinary launches
       if (var == 3) p.launch.merge_pdl = false;
-      t[var] = graph_us([&](cudaStream_t st) { return paged::launch_paged_attention_mma<bf, D, bf>(p, st); });
+      t[var] = graph_us([&](cudaStream_t st, int) { return paged::launch_paged_attention_mma<bf, D, bf>(p, st); });
     }
     printf("  s%-3d %s call %6.2f us (%5.0f GB/s)  attention alone %6.2f  no pdl %6.2f  merge not pdl %6.2f\n",
            s, s == pol ? "*" : " ", t[0], bytes / t[0] / 1e3, t[1], t[2], t[3]);
@@ -95,12 +78,12 @@ int main() {
   int dev = 0, sms = 0; cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   cudaDeviceProp pr; cudaGetDeviceProperties(&pr, dev); printf("%s, %d SMs\n", pr.name, sms);
-  printf("empty kernel in a graph: %.2f us\n", graph_us([](cudaStream_t s) { empty_kernel<<<1, 32, 0, s>>>(0); return cudaGetLastError(); }));
+  printf("empty kernel in a graph: %.2f us\n", graph_us([](cudaStream_t s, int) { empty_kernel<<<1, 32, 0, s>>>(0); return cudaGetLastError(); }));
   for (size_t mb : {4, 16, 32, 64}) {
     uint4 *x, *sink; size_t n = mb * 1000000 / 16;
     CK(cudaMalloc(&x, n * 16)); CK(cudaMalloc(&sink, 16)); CK(cudaMemset(x, 1, n * 16));
     for (int grid : {132, 264, 528, 1056}) {
-      float t = graph_us([&](cudaStream_t s) { read_kernel<<<grid, 512, 0, s>>>(x, n, sink); return cudaGetLastError(); });
+      float t = graph_us([&](cudaStream_t s, int) { read_kernel<<<grid, 512, 0, s>>>(x, n, sink); return cudaGetLastError(); });
       printf("read %zu MB grid %d: %.2f us (%.0f GB/s)\n", mb, grid, t, mb * 1e6 / t / 1e3);
     }
     cudaFree(x); cudaFree(sink);
