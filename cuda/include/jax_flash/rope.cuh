@@ -3,8 +3,8 @@
 // One thread per (token, group of kHeadsPerItem heads, pair): it computes the pair's cos/sin
 // once (sincosf, float32) and rotates that pair in the group's heads; threads past the pairs
 // copy the features beyond rotary_dim. Consecutive threads touch consecutive features of a
-// head, so loads and stores coalesce. The
-// op moves 2 * tokens * heads * head_dim elements and is bound by memory bandwidth.
+// head, so loads and stores coalesce. The op moves 2 * tokens * heads * head_dim elements and
+// is bound by memory bandwidth.
 //
 // No XLA headers here.
 #pragma once
