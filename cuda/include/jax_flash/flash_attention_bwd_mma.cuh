@@ -26,8 +26,8 @@
 //
 // Head dims: tiles 64 and 128 take D == Dv == the tile exactly; the 256-wide tile takes D == Dv
 // in (128, 256], multiples of 16, zero-padded (kPad: rows load at their own width, the tile's
-// other chunks zero-filled; products skip their k16 steps / column pairs past D; dQ, dK, dV
-// written at D columns).
+// other chunks zero-filled; S^T and dP^T skip their 32-column steps past D, dQ its 64-column
+// passes wholly past D; dQ, dK, dV written at D columns).
 //
 // Scheduling: grid.x enumerates the key blocks of all sequences in order (lowest first, so the
 // heaviest blocks under causal masking start first and a block's turn-order predecessors are
@@ -105,7 +105,7 @@ using DefaultBwdTraits = BwdTraits<kHeadDim, 64, 8>;
 // dK / dV accumulators a thread as at d=128. Shared memory: K, V 64 KB, Q / dO 128 KB
 // double-buffered (201 KB: sm_90's 227 KB) or 64 KB single (137 KB: sm_80's 163 KB); 99 KB
 // devices (sm_86 / sm_89) keep the SIMT kernel. Exact D = 256 runs the padded variant too: its
-// checks are uniform branches around whole k16 steps.
+// checks are 8 + 2 uniform branches a visit, around 32-column steps of S^T / dP^T and dQ passes.
 template <int kQStages>
 using WideBwdTraits = BwdTraits<256, 64, 8, 2, kQStages, true>;
 
@@ -265,7 +265,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      if (kPad && kk * 16 >= hd) break;
+      // Padded: 32-column steps wholly past D are skipped (a 16-column rest multiplies zeros),
+      // so that each branch encloses enough loads and mma's for them to overlap.
+      if (kPad && kk % 2 == 0 && kk * 16 >= hd) break;
       uint32_t va[4], ka[4];
       ldmatrix_x4(va, chunk_pair(sV + a_lane, kk));
       ldmatrix_x4(ka, chunk_pair(sK + a_lane, kk));
@@ -338,8 +340,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
 #pragma unroll
       for (int dp2 = 0; dp2 < kDT / 2; ++dp2) {
-        const int pair = kv_c0 / 2 + dp2;  // this warp's column pair of the head dim
-        if (kPad && pair * 16 >= hd) break;
+        // This warp's column pair of the head dim (padded: pairs past D multiply zeros, which
+        // no branch around these small steps would save).
+        const int pair = kv_c0 / 2 + dp2;
         uint32_t ob[4], qb[4];
         ldmatrix_x4_trans(ob, chunk_pair(sdO_cur + bt_lane, pair) + kk * 16 * R);
         ldmatrix_x4_trans(qb, chunk_pair(sQ_cur + bt_lane, pair) + kk * 16 * R);
@@ -373,7 +376,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       const int mt = warp % (BM / 16);
 #pragma unroll
       for (int pass = 0; pass < Tr::kDqCols / kPassCols; ++pass) {
-        // First column chunk of the pass.
+        // First column chunk of the pass (padded: a pass wholly past D is skipped; one partly
+        // past it multiplies the zero columns of sK and adds only the columns below D).
         const int c0 = (warp / (BM / 16)) * (Tr::kDqCols / 8) + pass * kDqT;
         if (kPad && c0 * 8 >= hd) break;
         float dq[kDqT][4];
@@ -388,7 +392,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           ldmatrix_x4_trans(a, chunk_pair(sdS + ds_lane, mt) + kk * 16 * RS);
 #pragma unroll
           for (int dp2 = 0; dp2 < kDqT / 2; ++dp2) {
-            if (kPad && (c0 / 2 + dp2) * 16 >= hd) break;
             uint32_t kb[4];
             ldmatrix_x4_trans(kb, chunk_pair(sK + bt_lane, c0 / 2 + dp2) + kk * 16 * R);
             mma_16816<T>(dq[2 * dp2], a, kb[0], kb[1]);
