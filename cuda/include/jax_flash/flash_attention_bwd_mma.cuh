@@ -5,17 +5,22 @@
 // keys. Each 16-key slab of the block belongs to kDSplit warps, each of which keeps the slab's dK
 // and dV in registers across all visits (no repeated K/V, no atomics for dK/dV) for its 1 /
 // kDSplit share of the head dim's columns: head dims 64 and 128 one warp per slab (the whole row,
-// up to 128 + 128 accumulator registers a thread), the 256-wide tile two (128 + 128 again). The
-// warps of a slab both compute its S^T and dP^T over the whole head dim (the same values: about
-// 1.4x the tensor-core work of the five products at d=256, against twice the accumulators or a
-// shared-memory exchange of S^T / dP^T per visit). Everything is computed transposed, keys as the
-// M dimension of the mma, so that P^T and dS^T stay in registers for dV and dK:
-//   dP^T = V dO^T,  S^T = K Q^T            (ldmatrix.x4 of K/V rows, Q/dO rows as B)
+// up to 128 + 128 accumulator registers a thread), the 256-wide tile two (128 + 128 again).
+// Everything is computed transposed, keys as the M dimension of the mma, so that P^T and dS^T
+// are A fragments for dV and dK:
+//   dP^T = V dO^T,  S^T = K Q^T            (ldmatrix.x4 of K/V rows, Q/dO rows as B; a split
+//                                           slab's warps take 1 / kDSplit of the queries each)
 //   P^T  = exp2(S^T * scale * log2 e - lse * log2 e), dS^T = P^T (dP^T - Delta) (* (1 - tanh^2))
-//   dV  += P^T dO,  dK += dS^T Q           (P^T, dS^T converted in registers to A fragments,
-//                                           dO/Q fed by ldmatrix.x4.trans)
+//   dV  += P^T dO,  dK += dS^T Q           (one warp a slab: P^T, dS^T converted in registers
+//                                           to A fragments; split slabs: both staged in shared
+//                                           memory, each warp reading back all the block's
+//                                           queries with ldmatrix.x4; dO/Q by ldmatrix.x4.trans)
 //   dQ  += dS K                            (dS^T staged in shared memory; every warp takes a
 //                                           16-row x head_dim/2 slice of the block's dQ)
+// Splitting the queries of S^T / dP^T, rather than both warps of a slab computing all of them,
+// saves 2/7 of a warp's mma's a visit (320 instead of 448 at d=256) and 32 registers a thread
+// (ptxas: 4-32 bytes of spills on sm_90a instead of 32-88), for 8 KB of shared memory (P^T) and
+// a barrier before dV / dK.
 // dQ is added to a float32 accumulator with atomics; the deterministic mode makes the key blocks
 // of a query block add their shares in ascending key-block order (a per-(head, query tile) turn
 // counter, waited for by one thread while the others stage dS; the tiles visited in descending
@@ -80,8 +85,12 @@ struct BwdTraits {
   static constexpr int kSmemKV = kBlockN * kRowBytes;
   static constexpr int kSmemQ = kBlockM * kRowBytes;  // one Q or one dO buffer
   static constexpr int kSmemDs = kBlockN * kDsRowBytes;
+  // P^T staging, where the warps of a slab share P^T (and dS^T) through shared memory.
+  static constexpr int kSmemP = kDSplit > 1 ? kSmemDs : 0;
   static constexpr int kSmemBytes =
-      2 * kSmemKV + 2 * kQStages * kSmemQ + kSmemDs + 2 * 2 * kBlockM * 4;
+      2 * kSmemKV + 2 * kQStages * kSmemQ + kSmemDs + kSmemP + 2 * 2 * kBlockM * 4;
+  // S^T / dP^T: every warp computes its slab's 16 keys x kSQueries of the block's queries.
+  static constexpr int kSQueries = kBlockM / kDSplit;
   // dK / dV: every warp keeps kKvCols columns of its slab's 16 rows.
   static constexpr int kKvCols = kHeadDim / kDSplit;
   // dQ: every warp takes one 16-row slice and 1/kDqSplit of the head dim.
@@ -90,7 +99,8 @@ struct BwdTraits {
 
   static_assert(kHeadDim % 64 == 0, "rows must span whole 128-byte swizzle atoms");
   static_assert(kBlockM == 64, "the dS^T staging rows are one 128-byte swizzle atom");
-  static_assert(kWarps % kDSplit == 0 && kKvCols % 16 == 0, "bad dK / dV split");
+  static_assert(kWarps % kDSplit == 0 && kKvCols % 16 == 0 && kSQueries % 16 == 0,
+                "bad dK / dV or S^T split");
   static_assert(kWarps % (kBlockM / 16) == 0 && kDqCols % 16 == 0, "bad dQ split");
   static_assert(kQStages == 1 || kQStages == 2, "1 or 2 Q / dO buffers");
   static_assert(kBlockM % kLoadRowsPerPass == 0 && kBlockN % kLoadRowsPerPass == 0,
@@ -103,8 +113,8 @@ using DefaultBwdTraits = BwdTraits<kHeadDim, 64, 8>;
 
 // The 256-wide tile (D in (128, 256]): 8 warps, two per 16-key slab (64 keys a CTA), 64 + 64
 // dK / dV accumulators a thread as at d=128. Shared memory: K, V 64 KB, Q / dO 128 KB
-// double-buffered (201 KB: sm_90's 227 KB) or 64 KB single (137 KB: sm_80's 163 KB); 99 KB
-// devices (sm_86 / sm_89) keep the SIMT kernel. Exact D = 256 runs the padded variant too: its
+// double-buffered (209 KB with dS^T, P^T, lse, Delta: sm_90's 227 KB) or 64 KB single (145 KB:
+// sm_80's 163 KB); 99 KB devices (sm_86 / sm_89) keep the SIMT kernel. Exact D = 256 runs the padded variant too: its
 // checks are 8 + 2 uniform branches a visit, around 32-column steps of S^T / dP^T and dQ passes.
 template <int kQStages>
 using WideBwdTraits = BwdTraits<256, 64, 8, 2, kQStages, true>;
@@ -128,7 +138,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   constexpr int RS = Tr::kDsRowBytes;
   constexpr int QS = Tr::kQStages;
   constexpr bool kPad = Tr::kPad;
-  constexpr int kMN = BM / 8;             // n8 tiles of S^T per warp (query columns)
+  constexpr int kMN = Tr::kSQueries / 8;  // n8 tiles of S^T per warp (query columns)
   constexpr int kDT = Tr::kKvCols / 8;    // n8 tiles of dK / dV per warp
   const FlashParams& f = p.fwd;
   // The head dim: the tile's, or the call's (D == Dv, a multiple of 16) when padded.
@@ -140,8 +150,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const uint32_t sQ = sV + Tr::kSmemKV;        // QS buffers
   const uint32_t sdO = sQ + QS * Tr::kSmemQ;   // QS buffers
   const uint32_t sdS = sdO + QS * Tr::kSmemQ;
-  float* s_lse =
-      reinterpret_cast<float*>(smem + 2 * Tr::kSmemKV + 2 * QS * Tr::kSmemQ + Tr::kSmemDs);
+  const uint32_t sP = sdS + Tr::kSmemDs;  // kDSplit > 1 only
+  float* s_lse = reinterpret_cast<float*>(smem + 2 * Tr::kSmemKV + 2 * QS * Tr::kSmemQ +
+                                          Tr::kSmemDs + Tr::kSmemP);
   float* s_delta = s_lse + 2 * BM;  // both [2][BM]
 
   const int kv_head = blockIdx.y;
@@ -156,9 +167,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int warp = tid >> 5;
   const int g = lane >> 2;
   const int t = lane & 3;
-  // This warp's key rows within the block, and the first 16-byte chunk of its dK / dV columns.
+  // This warp's key rows within the block, its share of the slab (the first 16-byte chunk of
+  // its dK / dV columns, the first query of its S^T columns).
   const int kr0 = (Tr::kDSplit == 1 ? warp : warp % Tr::kSlabs) * 16;
-  const int kv_c0 = Tr::kDSplit == 1 ? 0 : (warp / Tr::kSlabs) * kDT;
+  const int part = Tr::kDSplit == 1 ? 0 : warp / Tr::kSlabs;
+  const int kv_c0 = part * kDT;
+  const int sq0 = part * Tr::kSQueries;
 
   // ldmatrix lane addresses (row % 8 == lane % 8 throughout, see chunk_pair):
   //   A from [m][k] rows (K, V):            row lane % 16, chunk lane / 16
@@ -170,6 +184,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const uint32_t ds_lane = b_row * RS + ((((lane >> 3) & 1) ^ (lane & 7)) << 4);
   const uint32_t bt_lane =
       (((lane >> 3) & 1) * 8 + (lane & 7)) * R + ((((lane >> 4) & 1) ^ (lane & 7)) << 4);
+  //   A from the staged [key][query] P^T / dS^T rows (split slabs): as K / V's
+  const uint32_t pds_lane = (kr0 + (lane & 15)) * RS + (((lane >> 4) ^ (lane & 7)) << 4);
 
   const ScoreScale score = score_scale<kSoftcap>(f);
   const float scale_log2 = score.scale_log2, softcap_in = score.softcap_in;
@@ -256,7 +272,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
     if constexpr (QS == 2) cp_async_commit();
 
-    // dP^T = V dO^T and S^T = K Q^T for this warp's 16 keys x BM queries.
+    // dP^T = V dO^T and S^T = K Q^T for this warp's 16 keys x kSQueries queries from sq0.
     float dp[kMN][4], s[kMN][4];
 #pragma unroll
     for (int i = 0; i < kMN; ++i) {
@@ -274,8 +290,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
       for (int np = 0; np < kMN / 2; ++np) {
         uint32_t ob[4], qb[4];
-        ldmatrix_x4(ob, chunk_pair(sdO_cur + b_lane, kk) + np * 16 * R);
-        ldmatrix_x4(qb, chunk_pair(sQ_cur + b_lane, kk) + np * 16 * R);
+        ldmatrix_x4(ob, chunk_pair(sdO_cur + b_lane, kk) + (sq0 + np * 16) * R);
+        ldmatrix_x4(qb, chunk_pair(sQ_cur + b_lane, kk) + (sq0 + np * 16) * R);
         mma_16816<T>(dp[2 * np], va, ob[0], ob[1]);
         mma_16816<T>(dp[2 * np + 1], va, ob[2], ob[3]);
         mma_16816<T>(s[2 * np], ka, qb[0], qb[1]);
@@ -296,7 +312,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     for (int nt = 0; nt < kMN; ++nt) {
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        const int col = nt * 8 + 2 * t + c;
+        const int col = sq0 + nt * 8 + 2 * t + c;
         const float l2 = lse_cur[col];
         const float dl = delta_cur[col];
 #pragma unroll
@@ -318,26 +334,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
     }
 
-    // dV += P^T dO, dK += dS^T Q.
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk) {
-      uint32_t pa[4], da[4];
-      pa[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-      pa[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-      pa[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pa[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-      da[0] = pack2<T>(dp[2 * kk][0], dp[2 * kk][1]);
-      da[1] = pack2<T>(dp[2 * kk][2], dp[2 * kk][3]);
-      da[2] = pack2<T>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
-      da[3] = pack2<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
-      // dS^T to shared memory for dQ: rows kr0 + g (+8), query chunk 2kk (+1); by the slab's
-      // first warp (its others hold the same values).
-      if (Tr::kDSplit == 1 || kv_c0 == 0) {
-        st_shared_b32(sdS + swizzle<BM / 8>(kr0 + g, 2 * kk) + 4 * t, da[0]);
-        st_shared_b32(sdS + swizzle<BM / 8>(kr0 + g + 8, 2 * kk) + 4 * t, da[1]);
-        st_shared_b32(sdS + swizzle<BM / 8>(kr0 + g, 2 * kk + 1) + 4 * t, da[2]);
-        st_shared_b32(sdS + swizzle<BM / 8>(kr0 + g + 8, 2 * kk + 1) + 4 * t, da[3]);
-      }
+    // dV += P^T dO, dK += dS^T Q over the 16 queries of step kk, from A fragments pa / da.
+    auto dkdv_step = [&](int kk, const uint32_t(&pa)[4], const uint32_t(&da)[4]) {
 #pragma unroll
       for (int dp2 = 0; dp2 < kDT / 2; ++dp2) {
         // This warp's column pair of the head dim (padded: pairs past D multiply zeros, which
@@ -351,6 +349,34 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         mma_16816<T>(acc_dk[2 * dp2], da, qb[0], qb[1]);
         mma_16816<T>(acc_dk[2 * dp2 + 1], da, qb[2], qb[3]);
       }
+    };
+    // A fragment x (rows kr0 + g (+8), query chunks 2q (+1)) to a [key][query] staging tile.
+    auto stage = [&](uint32_t tile, int q, const uint32_t(&x)[4]) {
+      st_shared_b32(tile + swizzle<BM / 8>(kr0 + g, 2 * q) + 4 * t, x[0]);
+      st_shared_b32(tile + swizzle<BM / 8>(kr0 + g + 8, 2 * q) + 4 * t, x[1]);
+      st_shared_b32(tile + swizzle<BM / 8>(kr0 + g, 2 * q + 1) + 4 * t, x[2]);
+      st_shared_b32(tile + swizzle<BM / 8>(kr0 + g + 8, 2 * q + 1) + 4 * t, x[3]);
+    };
+    // This warp's 16-query steps: dS^T to shared memory for dQ; one warp a slab goes on with
+    // dV / dK from registers, split slabs stage P^T too and share them after the barrier.
+#pragma unroll
+    for (int kk = 0; kk < kMN / 2; ++kk) {
+      uint32_t pa[4], da[4];
+      pa[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+      pa[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+      pa[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      da[0] = pack2<T>(dp[2 * kk][0], dp[2 * kk][1]);
+      da[1] = pack2<T>(dp[2 * kk][2], dp[2 * kk][3]);
+      da[2] = pack2<T>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+      da[3] = pack2<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+      if constexpr (Tr::kDSplit == 1) {
+        stage(sdS, kk, da);
+        dkdv_step(kk, pa, da);
+      } else {
+        stage(sdS, sq0 / 16 + kk, da);
+        stage(sP, sq0 / 16 + kk, pa);
+      }
     }
     if (tid < BM) {
       s_lse[(buf ^ 1) * BM + tid] = next_lse;
@@ -361,8 +387,18 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // this (head, query block): lo / BN is the first key block that visits it.
     int32_t* turn = nullptr;
     if constexpr (kDeterministic) turn = flash_bwd_take_dq_turn(ws, v.kt, h, m, lo, BN, tid == 0);
-    __syncthreads();  // dS^T staged; every warp is done with this visit's Q / dO
+    __syncthreads();  // dS^T (P^T) staged; one warp a slab: done with this visit's Q / dO
+    if constexpr (Tr::kDSplit > 1) {
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk) {
+        uint32_t pa[4], da[4];
+        ldmatrix_x4(pa, chunk_pair(sP + pds_lane, kk));
+        ldmatrix_x4(da, chunk_pair(sdS + pds_lane, kk));
+        dkdv_step(kk, pa, da);
+      }
+    }
     if constexpr (QS == 1) {
+      if constexpr (Tr::kDSplit > 1) __syncthreads();  // every warp is done with Q / dO
       if (it + 1 < v.items) load_q_do(it + 1, 0);
       cp_async_commit();
     }

@@ -54,7 +54,7 @@ constexpr bool flash_bwd_hopper_head_dims_supported(int64_t head_dim, int64_t he
 // Head dims of the mma.sync backward (flash_attention_bwd_mma.cuh), which takes the fp16/bf16
 // backward calls the Hopper one does not (on compute capability 8.x, or D > 128): D == Dv, either
 // 64 or 128 exactly (their tiles' widths), or a multiple of 16 in (128, 256], run zero-padded on
-// the 256-wide tile, whose shared memory (137 KB) sm_86 / sm_89 do not have (the launcher checks
+// the 256-wide tile, whose shared memory (145 KB) sm_86 / sm_89 do not have (the launcher checks
 // the device). The other calls keep the SIMT backward.
 constexpr bool flash_bwd_mma_head_dims_supported(int64_t head_dim, int64_t head_dim_v) {
   if (head_dim != head_dim_v) return false;
