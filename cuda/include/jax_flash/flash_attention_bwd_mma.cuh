@@ -114,8 +114,9 @@ using DefaultBwdTraits = BwdTraits<kHeadDim, 64, 8>;
 // The 256-wide tile (D in (128, 256]): 8 warps, two per 16-key slab (64 keys a CTA), 64 + 64
 // dK / dV accumulators a thread as at d=128. Shared memory: K, V 64 KB, Q / dO 128 KB
 // double-buffered (209 KB with dS^T, P^T, lse, Delta: sm_90's 227 KB) or 64 KB single (145 KB:
-// sm_80's 163 KB); 99 KB devices (sm_86 / sm_89) keep the SIMT kernel. Exact D = 256 runs the padded variant too: its
-// checks are 8 + 2 uniform branches a visit, around 32-column steps of S^T / dP^T and dQ passes.
+// sm_80's 163 KB); 99 KB devices (sm_86 / sm_89) keep the SIMT kernel. Exact D = 256 runs the
+// padded variant too: its checks are 8 + 2 uniform branches a visit, around 32-column steps of
+// S^T / dP^T and dQ passes.
 template <int kQStages>
 using WideBwdTraits = BwdTraits<256, 64, 8, 2, kQStages, true>;
 
