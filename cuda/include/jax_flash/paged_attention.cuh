@@ -82,8 +82,9 @@ inline policy::PagedChoice paged_kernel_choice(const PagedAttentionParams& p) {
 
 // Defined in paged_attention_mma.cuh, instantiated by cuda/src/instantiations.cmake. T: q's
 // type (__half, __nv_bfloat16); D: the tile width (policy::paged_mma_tile_dim); TC: the
-// cache's type (T, int8_t or __nv_fp8_e4m3).
-template <typename T, int D, typename TC = T>
+// cache's type (T, int8_t or __nv_fp8_e4m3); Cfg: void (the library's configuration) or a
+// paged::MmaCfg to time instead (tools/paged_decode_sweep.cu).
+template <typename T, int D, typename TC = T, class Cfg = void>
 cudaError_t launch_paged_attention_mma(const PagedAttentionParams& p, cudaStream_t stream);
 
 // Paged decode attention on the CUDA-core kernel for one (q dtype, cache element type, head

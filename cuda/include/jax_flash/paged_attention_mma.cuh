@@ -84,9 +84,16 @@
 namespace jax_flash {
 namespace paged {
 
-template <int D, int kElemBytes = 2>
+// The kernel's configuration for tile width D and a cache of kElemBytes per element. The last
+// three parameters request keys per tile, ring stages and CTAs per SM in place of the library's
+// choices (0: the library's), so that tools/paged_decode_sweep.cu can time other configurations
+// of the same kernel; the library compiles MmaCfg<D, kElemBytes> only.
+template <int D, int kElemBytes = 2, int kTKWant = 0, int kStagesWant = 0, int kCtasWant = 0>
 struct MmaCfg {
   static_assert(D == 64 || D == 128 || D == 256, "head dim must be 64, 128 or 256");
+  static_assert(kTKWant == 0 || kTKWant == 64 || kTKWant == 128, "64 or 128 keys per tile");
+  static constexpr int kDim = D;
+  static constexpr int kCacheBytes = kElemBytes;
   static_assert(kElemBytes == 1 || kElemBytes == 2, "16-bit or 8-bit cache");
   static constexpr bool kQ8 = kElemBytes == 1;
   static constexpr int kThreads = 128;
@@ -96,7 +103,7 @@ struct MmaCfg {
   // 128 (two 16-key slices per warp: two independent chains of mma (and code conversion) per
   // warp, half the barriers, 16 KB tiles: 16-bit D = 64 reads 7% faster at 64 x 8k than with
   // 64-key tiles in 4 stages at 3 CTAs per SM).
-  static constexpr int kTK = (kQ8 && D <= 128) || D == 64 ? 128 : 64;
+  static constexpr int kTK = kTKWant ? kTKWant : ((kQ8 && D <= 128) || D == 64 ? 128 : 64);
   static constexpr int kSlices = kTK / (kWarps * 16);     // 16-key slices per warp and tile
   static constexpr int kRowBytes = D * kElemBytes;        // one K or V row of the cache
   static constexpr int kChunks = kRowBytes / 16;          // 16-byte chunks per cache row
@@ -112,8 +119,10 @@ struct MmaCfg {
   static constexpr int kRedStride = D + 8;  // floats per row of the epilogue buffer (no conflicts)
   static constexpr int kRedBytes = kWarps * kRows * kRedStride * 4;
   static constexpr bool kQRegs = D <= 128;  // Q fragments held in registers
-  static constexpr int kCtasPerSm = policy::paged_mma_ctas_per_sm(D, kElemBytes);
-  static constexpr int kMaxStages = kQ8 ? 6 : 4;  // 8-bit tiles are half the bytes
+  static constexpr int kCtasPerSm =
+      kCtasWant ? kCtasWant : policy::paged_mma_ctas_per_sm(D, kElemBytes);
+  // 8-bit tiles are half the bytes; a requested ring may be as deep as shared memory allows
+  static constexpr int kMaxStages = kQ8 || kStagesWant ? 6 : 4;
 
   static constexpr int ring_bytes(int stages) {
     return stages * kStageBytes > kRedBytes ? stages * kStageBytes : kRedBytes;
@@ -132,12 +141,15 @@ struct MmaCfg {
   // SM), 256: 3 of 64 KB (1); 8-bit D 64: 4 of 16 KB (3), 128: 3 of 32 KB (2), 256: 6 of 32 KB
   // (1).
   static constexpr int kStages =
-      fits(6) ? 6 : (fits(5) ? 5 : (fits(4) ? 4 : (fits(3) ? 3 : 2)));
+      kStagesWant ? kStagesWant
+                  : (fits(6) ? 6 : (fits(5) ? 5 : (fits(4) ? 4 : (fits(3) ? 3 : 2))));
   static constexpr int kRingBytes = ring_bytes(kStages);
   static constexpr int kSmem = smem_bytes(kStages);
 
   static_assert(fits(kStages), "shared memory does not fit kCtasPerSm CTAs per SM");
-  static_assert(kStages >= 3, "at least two tiles in flight");
+  // the library keeps two tiles in flight; a requested ring of 2 (one tile copied while one is
+  // computed) is correct too
+  static_assert(kStages >= 3 || (kStagesWant == 2), "at least two tiles in flight");
   static_assert(kThreads % kChunks == 0 && kTK % kRowsPerPass == 0, "bad copy split");
   static_assert(kQIt * kThreads == kRows * kQChunks, "bad q split");
   static_assert(kStageBytes % 128 == 0 && (kStages * kTK * 4) % 128 == 0,
@@ -234,12 +246,12 @@ __device__ __forceinline__ uint32_t q_to_f16(uint32_t w, float scale) {
 // kHF: C-fragment row halves that hold query rows (rows g and g + 8 of lane (g, t)); 1 when a
 // CTA has at most 8 rows (G * Sq <= 8: GQA decode), so rows 8-15 are padding and their softmax
 // is skipped (their P is 0).
-template <typename T, typename TC, int D, int kHF>
-__global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
-                                  MmaCfg<D, sizeof(TC)>::kCtasPerSm)
+// Cfg: an MmaCfg of D and sizeof(TC).
+template <typename T, typename TC, int D, int kHF, class Cfg = MmaCfg<D, sizeof(TC)>>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     paged_attention_mma_kernel(const PagedAttentionParams p, const int32_t num_chunks) {
   static_assert(kHF == 1 || kHF == 2, "one or two row halves");
-  using C = MmaCfg<D, sizeof(TC)>;
+  using C = Cfg;
   constexpr bool kQ8 = C::kQ8;
   constexpr int kS = C::kStages;
   constexpr int kTK = C::kTK;
@@ -824,14 +836,16 @@ __global__ void __launch_bounds__(MmaCfg<D, sizeof(TC)>::kThreads,
 // Paged decode attention on tensor cores (and the split-KV merge when num_splits > 1) for q of
 // type T (__half or __nv_bfloat16) and a cache of type TC (T, int8_t or __nv_fp8_e4m3) on the
 // tile width D = policy::paged_mma_tile_dim(head_dim, head_dim_v); parameters accepted by
-// paged_mma_supported. Asynchronous on `stream`; never synchronizes or allocates.
-template <typename T, int D, typename TC>
+// paged_mma_supported. Asynchronous on `stream`; never synchronizes or allocates. Cfg: void
+// (the library's MmaCfg<D, sizeof(TC)>) or another MmaCfg of D and sizeof(TC) (the sweep tool).
+template <typename T, int D, typename TC, class Cfg>
 cudaError_t launch_paged_attention_mma(const PagedAttentionParams& p, cudaStream_t stream) {
   static_assert(kIsHalfOrBFloat16<T>, "float16 or bfloat16");
   static_assert(std::is_same_v<TC, T> || std::is_same_v<TC, int8_t> ||
                     std::is_same_v<TC, __nv_fp8_e4m3>,
                 "cache of q's type, int8 or float8 e4m3");
-  using C = MmaCfg<D, sizeof(TC)>;
+  using C = std::conditional_t<std::is_void_v<Cfg>, MmaCfg<D, sizeof(TC)>, Cfg>;
+  static_assert(C::kDim == D && C::kCacheBytes == sizeof(TC), "an MmaCfg of D and the cache");
   const int64_t rows = static_cast<int64_t>(p.num_heads / p.num_heads_k) * p.seqlen_q;
   const int64_t chunks = (rows + C::kRows - 1) / C::kRows;
   const int64_t blocks = static_cast<int64_t>(p.batch) * p.num_heads_k * p.num_splits * chunks;
@@ -839,9 +853,10 @@ cudaError_t launch_paged_attention_mma(const PagedAttentionParams& p, cudaStream
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
   // at most 8 query rows per CTA (GQA decode): row halves 8-15 are padding
   const bool half = rows <= 8;
-  auto kernel = half ? paged_attention_mma_kernel<T, TC, D, 1> : paged_attention_mma_kernel<T, TC, D, 2>;
-  cudaError_t err = half ? ensure_smem_attrs<paged_attention_mma_kernel<T, TC, D, 1>>(C::kSmem)
-                         : ensure_smem_attrs<paged_attention_mma_kernel<T, TC, D, 2>>(C::kSmem);
+  auto kernel = half ? paged_attention_mma_kernel<T, TC, D, 1, C>
+                     : paged_attention_mma_kernel<T, TC, D, 2, C>;
+  cudaError_t err = half ? ensure_smem_attrs<paged_attention_mma_kernel<T, TC, D, 1, C>>(C::kSmem)
+                         : ensure_smem_attrs<paged_attention_mma_kernel<T, TC, D, 2, C>>(C::kSmem);
   if (err != cudaSuccess) return err;
   err = paged_launch_pdl(kernel, dim3(static_cast<unsigned>(blocks)), dim3(C::kThreads), C::kSmem,
                          stream, p.launch.pdl, p, static_cast<int32_t>(chunks));
