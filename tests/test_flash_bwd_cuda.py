@@ -2,8 +2,9 @@
 
 Kernel-level checks of the tile edges the public gradient tests do not aim at: lengths that are
 not multiples of the tiles, Sq != Skv, windows crossing tiles, rows that see no key, rows and
-sequences owned by nobody (zeros), both kernels (tensor-core: 16-bit, head dims 64 / 128; SIMT:
-the rest), and the deterministic mode's bit-identical reruns. GPU only.
+sequences owned by nobody (zeros), both kernels (tensor-core: 16-bit, D == Dv 64 / 128 and, on
+the 256-wide tile, multiples of 16 in (128, 256]; SIMT: the rest), and the deterministic mode's
+bit-identical reruns. GPU only.
 """
 
 import jax
@@ -105,7 +106,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 160, 192, 256])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_tensor_core(rng, dtype, d, case):
     _, left, right, cap = case
@@ -116,7 +117,7 @@ def test_tensor_core(rng, dtype, d, case):
 
 @pytest.mark.parametrize(
     "dtype,d,dv",
-    [("float32", 64, 64), ("float32", 96, 40), ("bfloat16", 256, 256), ("float16", 80, 80)],
+    [("float32", 64, 64), ("float32", 96, 40), ("bfloat16", 200, 200), ("float16", 80, 80)],
 )
 @pytest.mark.parametrize("case", CASES[1:3], ids=[c[0] for c in CASES[1:3]])
 def test_simt(rng, dtype, d, dv, case):
@@ -125,7 +126,7 @@ def test_simt(rng, dtype, d, dv, case):
     _check(rng, jnp.dtype(dtype), [33, 70, 0], [50, 21, 4], 4, 4, d, dv, cfg, gap=2)
 
 
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 176, 256])
 def test_deterministic(rng, d):
     cfg = dict(softmax_scale=1.0 / np.sqrt(d), softcap=0.0, window_left=-1, window_right=0)
     args = _check(rng, jnp.dtype("bfloat16"), [300, 133], [420, 520], 8, 2, d, d, cfg)

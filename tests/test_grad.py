@@ -144,6 +144,16 @@ def test_head_dims(platform, rng):
     _dense(platform, rng, 1, 53, 29, 3, 1, 80, "float32", Dv=19, causal=True)
 
 
+@pytest.mark.parametrize("d", [256, 160])
+def test_wide_head_dims(platform, rng, d):
+    # Gemma's 256 and a narrower multiple of 16 (CUDA: the tensor-core backward's 256-wide tile,
+    # zero-padded), GQA, bottom-right causal with Sq != Skv and per-sequence lengths.
+    _dense(
+        platform, rng, 2, 71, 97, 8, 2, d, "bfloat16", causal=True,
+        q_seqlens=np.array([71, 40], np.int32), kv_seqlens=np.array([97, 66], np.int32),
+    )  # fmt: skip
+
+
 def _varlen(platform, rng, dtype, cu_q, cu_k, Tq, Tk, **opts):
     dtype = DTYPES[dtype]
     cu_q, cu_k = jnp.asarray(cu_q, jnp.int32), jnp.asarray(cu_k, jnp.int32)

@@ -13,6 +13,7 @@
 #include "jax_flash/flash_attention_bwd_mma.cuh"
 #include "jax_flash/flash_attention_bwd_simt.cuh"
 #include "jax_flash/hopper/flash_bwd_launch.cuh"
+#include "jax_flash/policy/flash.h"
 #include "jax_flash/policy/limits.h"
 
 namespace jax_flash::ffi_impl {
@@ -34,9 +35,10 @@ cudaError_t dispatch_bwd(const FlashBwdParams& p, bool hopper, bool mma, cudaStr
       if (status != cudaErrorNotSupported) return status;
     }
     if (mma) {
-      switch (p.fwd.head_dim) {
+      switch (policy::flash_bwd_mma_tile_dim(p.fwd.head_dim)) {
         case 64: return run_flash_attention_bwd_mma<T, 64>(p, stream);
         case 128: return run_flash_attention_bwd_mma<T, 128>(p, stream);
+        case 256: return run_flash_attention_bwd_mma<T, 256>(p, stream);
         default: break;
       }
     }

@@ -115,7 +115,8 @@ jax_flash_instantiate_paged(paged_attention_mma paged::launch_paged_attention_mm
                             "@T@, @D@" "@T@, @D@, @TC@")
 
 # Backward: the CUDA-core kernels (every dtype; one file per dtype holds the three head-dim
-# bounds, the kernels being small) and the tensor-core kernel (16-bit dtypes, head dims 64, 128).
+# bounds, the kernels being small) and the tensor-core kernel (16-bit dtypes, tile widths 64, 128
+# and 256, policy::flash_bwd_mma_tile_dim: the 256-wide tile takes D in (128, 256]).
 foreach(tag f32 f16 bf16)
   jax_flash_instantiate(flash_attention_bwd_simt_${tag}
     HEADER jax_flash/flash_attention_bwd_simt.cuh FUNCTION run_flash_attention_bwd_simt
@@ -123,7 +124,7 @@ foreach(tag f32 f16 bf16)
     ARGS "${_jf_type_${tag}}, 64" "${_jf_type_${tag}}, 128" "${_jf_type_${tag}}, 256")
 endforeach()
 foreach(tag f16 bf16)
-  foreach(d 64 128)
+  foreach(d 64 128 256)
     jax_flash_instantiate(flash_attention_bwd_mma_${tag}_d${d}
       HEADER jax_flash/flash_attention_bwd_mma.cuh FUNCTION run_flash_attention_bwd_mma
       PARAMS FlashBwdParams WHAT "${_jf_type_${tag}}, head dim ${d}"

@@ -51,6 +51,22 @@ constexpr bool flash_bwd_hopper_head_dims_supported(int64_t head_dim, int64_t he
          mma_tile_dim(head_dim, head_dim_v) <= 128;
 }
 
+// Head dims of the mma.sync backward (flash_attention_bwd_mma.cuh), which takes the fp16/bf16
+// backward calls the Hopper one does not (on compute capability 8.x, or D > 128): D == Dv, either
+// 64 or 128 exactly (their tiles' widths), or a multiple of 16 in (128, 256], run zero-padded on
+// the 256-wide tile, whose shared memory (145 KB) sm_86 / sm_89 do not have (the launcher checks
+// the device). The other calls keep the SIMT backward.
+constexpr bool flash_bwd_mma_head_dims_supported(int64_t head_dim, int64_t head_dim_v) {
+  if (head_dim != head_dim_v) return false;
+  if (head_dim == 64 || head_dim == 128) return true;
+  return head_dim > 128 && mma_tile_head_dims_supported(head_dim, head_dim_v);
+}
+
+// The tile width (64, 128 or 256) of the mma.sync backward for head dim D (supported).
+constexpr int flash_bwd_mma_tile_dim(int64_t head_dim) {
+  return mma_tile_dim(head_dim, head_dim);
+}
+
 // The kernel that runs a flash_attention call on CUDA. kTensorCore: float16 / bfloat16 with
 // head dims as flash_mma_head_dims_supported, softmax_scale finite and > 0 unless softcap > 0
 // (the running max is kept in unscaled units), softcap finite (<= 0: off); the launcher also
