@@ -44,7 +44,8 @@ class FlashBwdLaunch:
 
     hopper_kernel: on a compute capability 9.0 device, "hopper" runs the wgmma backward
     (hopper/flash_bwd_kernel.cuh) on the calls it takes, "mma" keeps them on the mma.sync
-    backward (the SIMT backward for the head dims that one does not take: all but 64 and 128),
+    backward (the SIMT backward for the head dims that one does not take: all but 64, 128 and
+    the multiples of 16 in (128, 256] with D == Dv),
     to time both kernels in one build or to avoid the newer one."""
 
     hopper_kernel: str = "hopper"
