@@ -142,6 +142,24 @@ class FusedLinear(nnx.Module):
         return y if self.bias is None else y + self.bias[...].astype(self.dtype)
 
 
+def project(linear, x):
+    """``linear(x)`` (an `nnx.Linear` or `FusedLinear` on the last axis of ``x``), with a single
+    row computed as a two-row matrix product, the second row zero and dropped.
+
+    XLA on GPU rewrites a vector-matrix product of fewer than about 10M multiply-adds into an
+    elementwise multiply and a reduction (a batch-1 decode step's q/k/v and o projections of a
+    1B model: 6.3M and 4.2M). For a kernel contracted on its major axis (o_proj, ``[in, out]``)
+    that writes the whole product to memory and reads it back, three times the weight's bytes,
+    and the products are rounded to the compute dtype before the sum. Two rows keep the call a
+    GEMM; the padding row costs nothing the weight read does not. Other shapes pass through."""
+    lead = x.shape[:-1]
+    if math.prod(lead) != 1:
+        return linear(x)
+    row = x.reshape(1, x.shape[-1])
+    y = linear(jnp.concatenate([row, jnp.zeros_like(row)]))[:1]
+    return y.reshape(*lead, *y.shape[1:])
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class KVCache:
@@ -491,7 +509,7 @@ class Attention(nnx.Module):
         ``(y like x, (k_pages, v_pages))`` (None for the cache-free batches).
         """
         lead = x.shape[:-1]
-        qkv = self.qkv_proj(x)  # [*lead, Hkv, G + 2, D]
+        qkv = project(self.qkv_proj, x)  # [*lead, Hkv, G + 2, D]
         if self.parallel is not None:
             qkv = self.parallel.constrain(qkv, -3)
         group = self.num_heads // self.num_kv_heads
@@ -601,7 +619,8 @@ class Attention(nnx.Module):
         to the compute dtype because a tensor-parallel o_proj sums its per-device partial
         products in float32 (:func:`jax_flash.models.shard_model`)."""
         (o,) = self._heads(o)
-        y = self.o_proj(o.reshape(*lead, self.num_heads * self.head_dim)).astype(o.dtype)
+        o = o.reshape(*lead, self.num_heads * self.head_dim)
+        y = project(self.o_proj, o).astype(o.dtype)
         return y if self.parallel is None else self.parallel.constrain(y)
 
     def _attend_no_cache(self, q, k, v, batch):

@@ -32,6 +32,7 @@ from ..nn import (
     decode_batch,
     packed_positions,
     prefill_batch,
+    project,
 )
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -197,14 +198,14 @@ class MLP(nnx.Module):
         self.parallel: TensorParallel | None = None
 
     def __call__(self, x):
-        gate_up = self.gate_up_proj(x)  # [..., 2, inner]
+        gate_up = project(self.gate_up_proj, x)  # [..., 2, inner]
         h = jax.nn.silu(gate_up[..., 0, :]) * gate_up[..., 1, :]
         if self.parallel is None:
-            return self.down_proj(h)
+            return project(self.down_proj, h)
         # Column-parallel gate/up, row-parallel down (summed in float32 over the devices: see
         # shard_model), back to the compute dtype.
         h = self.parallel.constrain(h, -1)
-        return self.parallel.constrain(self.down_proj(h).astype(x.dtype))
+        return self.parallel.constrain(project(self.down_proj, h).astype(x.dtype))
 
 
 class DecoderLayer(nnx.Module):
