@@ -123,9 +123,7 @@ def _cuda_kernel(avals_in, config):
     d, dv = q.shape[3], v.shape[3]
     mma_ok = mma_supported(q.dtype, k.dtype, config.scale_mode, d, dv, k.shape)
     kernel = config._launch.kernel
-    choice = _PAGED_KERNELS[
-        policy.paged_kernel_choice(mma_ok, d, dv, policy.PAGED_KERNELS[kernel])
-    ]
+    choice = _PAGED_KERNELS[policy.paged_kernel_choice(mma_ok, d, dv, policy.PAGED_KERNELS[kernel])]
     if choice == "none":
         asked = "" if kernel == "auto" else f" (kernel {kernel!r} was asked for)"
         return None, (
