@@ -2,8 +2,9 @@
 // ring stages, CTAs per SM with __launch_bounds__ to match) and of the split count, without
 // JAX, on the shapes where the library's choices miss their targets: bf16 q, 32/8 heads, page
 // 16, one query token;
-//   bf16 cache D 128: 1 x 32k, 1 x 8k, 8 x 8k, 64 x 8k; D 80 and 112 (on the 128-wide tile)
-//   at 64 x 8k; int8 and float8 e4m3 caches with per-token scales at 64 x 8k, D 128.
+//   bf16 cache D 128: 1 x 32k, 1 x 8k, 8 x 8k, 64 x 8k; D 80, 96 and 112 (on the 128-wide
+//   tile) at 64 x 8k and 1 x 32k, D 112 at 1 x 8k; int8 and float8 e4m3 caches with per-token
+//   scales at 64 x 8k, D 128.
 // Every call goes through the library's launcher (launch_paged_attention_mma with the
 // configuration as its last template argument): the attention grid and, for split-KV, the
 // merge, as programmatic dependent launches, as the library runs them. Each (configuration,
@@ -483,7 +484,13 @@ int main(int argc, char** argv) {
     printf("BF16_64x8k_D128_US %.3f\n", us);
     if (opt.bf16_us <= 0) opt.bf16_us = us;
     run_shape<bf>({"64x8k D80", 64, 8192, 80}, v, sms, opt);
+    run_shape<bf>({"64x8k D96", 64, 8192, 96}, v, sms, opt);
     run_shape<bf>({"64x8k D112", 64, 8192, 112}, v, sms, opt);
+    // the padded head dims at small batch too: a configuration of their own must not lose there
+    run_shape<bf>({"1x32k D80", 1, 32768, 80}, v, sms, opt);
+    run_shape<bf>({"1x32k D96", 1, 32768, 96}, v, sms, opt);
+    run_shape<bf>({"1x32k D112", 1, 32768, 112}, v, sms, opt);
+    run_shape<bf>({"1x8k D112", 1, 8192, 112}, v, sms, opt);
   }
 #endif
 #if SWEEP_CACHE < 0 || SWEEP_CACHE == 1
