@@ -146,11 +146,12 @@ def project(linear, x):
     """``linear(x)`` (an `nnx.Linear` or `FusedLinear` on the last axis of ``x``), with a single
     row computed as a two-row matrix product, the second row zero and dropped.
 
-    XLA on GPU rewrites a vector-matrix product of fewer than about 10M multiply-adds into an
-    elementwise multiply and a reduction (a batch-1 decode step's q/k/v and o projections of a
-    1B model: 6.3M and 4.2M). For a kernel contracted on its major axis (o_proj, ``[in, out]``)
-    that writes the whole product to memory and reads it back, three times the weight's bytes,
-    and the products are rounded to the compute dtype before the sum. Two rows keep the call a
+    XLA on GPU rewrites a small vector-matrix product into an elementwise multiply and a
+    reduction (seen for a batch-1 decode step's q/k/v and o projections of a 1B model, 6.3M and
+    4.2M multiply-adds; its 16.8M and 33.5M MLP products stayed GEMMs). For a kernel
+    contracted on its major axis (o_proj, ``[in, out]``) that writes the whole product to
+    memory and reads it back, three times the weight's bytes, and the products are rounded to
+    the compute dtype before the sum. Two rows keep the call a
     GEMM; the padding row costs nothing the weight read does not. Other shapes pass through."""
     lead = x.shape[:-1]
     if math.prod(lead) != 1:
