@@ -151,8 +151,8 @@ def project(linear, x):
     4.2M multiply-adds; its 16.8M and 33.5M MLP products stayed GEMMs). For a kernel
     contracted on its major axis (o_proj, ``[in, out]``) that writes the whole product to
     memory and reads it back, three times the weight's bytes, and the products are rounded to
-    the compute dtype before the sum. Two rows keep the call a
-    GEMM; the padding row costs nothing the weight read does not. Other shapes pass through."""
+    the compute dtype before the sum. Two rows keep the call a GEMM; the padding row costs
+    nothing the weight read does not. Other shapes pass through."""
     lead = x.shape[:-1]
     if math.prod(lead) != 1:
         return linear(x)
