@@ -128,7 +128,8 @@ def test_head_dims(platform, rng, d, dv, dtype):
 
 
 # Head dims of real models on the tensor-core kernels (16-bit): their tiles run every multiple
-# of 16 (policy::flash_mma_tile_dim: 64 / 128 / 256; on Hopper flash_hopper_tile_dim adds 192),
+# of 16 (policy::flash_mma_tile_dim: 64 / 128 / 256; on Hopper flash_hopper_tile_dim adds 192
+# and the 128 tile computing 80 / 96 / 112 columns),
 # D != Dv too; the padded variants are checked with and without softcap, causal and not. On CUDA
 # the call must run a tensor-core kernel.
 @pytest.mark.parametrize(

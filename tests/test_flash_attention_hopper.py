@@ -89,12 +89,15 @@ def test_values_past_a_length_never_reach_the_output(platform, rng, bad, d):
         (192, 128),
         (128, 192),
         (128, 64),
+        (96, 64),
+        (64, 112),
     ],
 )
 def test_head_dims_below_the_tile_width(platform, rng, d, dv, causal):
     # Zero-padded to the 64/128/192/256-wide tile (TMA reads zeros past D and Dv; at 128/192 a
-    # whole Q / K panel of the 192 tile); off the row tiles, GQA. Only the Dv columns of each head
-    # may be written: a padded column stored would land in the next head's output.
+    # whole Q / K panel of the 192 tile), or on the 128 tile computing 80 / 96 / 112 columns
+    # (D or Dv below that width too: 96/64, 64/112); off the row tiles, GQA. Only the Dv columns
+    # of each head may be written: a padded column stored would land in the next head's output.
     _dense_case(platform, rng, 2, 139, 201, 6, 2, d, "bfloat16", Dv=dv, causal=causal)
 
 

@@ -106,7 +106,12 @@ def test_head_dim_rules():
     [
         (16, 16, 64),
         (64, 64, 64),
-        (80, 64, 128),
+        (80, 64, 80),
+        (80, 80, 80),
+        (96, 96, 96),
+        (64, 96, 96),
+        (96, 112, 112),
+        (112, 112, 112),
         (128, 128, 128),
         (144, 144, 192),
         (160, 160, 192),
@@ -121,10 +126,10 @@ def test_head_dim_rules():
 )
 def test_hopper_prefill_tile(d, dv, tile):
     """The Hopper prefill kernel adds a 192-wide tile for max(D, Dv) in (128, 192] (D 192 and
-    D/Dv 192/128 would otherwise run zero-padded on the 256 tile); the mma.sync kernel keeps
-    64 / 128 / 256."""
+    D/Dv 192/128 would otherwise run zero-padded on the 256 tile) and the 128 tile computing 80,
+    96 or 112 columns for max(D, Dv) in (64, 112]; the mma.sync kernel keeps 64 / 128 / 256."""
     assert policy.flash_hopper_tile_dim(d, dv) == tile
-    assert policy.flash_mma_tile_dim(d, dv) == (256 if tile == 192 else tile)
+    assert policy.flash_mma_tile_dim(d, dv) == next(t for t in (64, 128, 256) if tile <= t)
 
 
 PAGED = policy.PAGED_CHOICES

@@ -31,6 +31,9 @@ cudaError_t dispatch_head_dim(const FlashParams& p, cudaStream_t stream) {
       cudaError_t status = cudaErrorNotSupported;
       switch (policy::flash_hopper_tile_dim(p.head_dim, p.head_dim_v)) {
         case 64: status = run_flash_attention_hopper<T, 64>(p, stream); break;
+        case 80: status = run_flash_attention_hopper<T, 80>(p, stream); break;
+        case 96: status = run_flash_attention_hopper<T, 96>(p, stream); break;
+        case 112: status = run_flash_attention_hopper<T, 112>(p, stream); break;
         case 128: status = run_flash_attention_hopper<T, 128>(p, stream); break;
         case 192: status = run_flash_attention_hopper<T, 192>(p, stream); break;
         case 256: status = run_flash_attention_hopper<T, 256>(p, stream); break;

@@ -49,9 +49,10 @@ foreach(kernel simt mma)
 endforeach()
 
 # Prefill on Hopper (wgmma + TMA; code only in the sm_90a pass): one file per 16-bit dtype with
-# every tile width of policy::flash_hopper_tile_dim (the mma widths and 192), which compile in
+# every tile of policy::flash_hopper_tile_dim (the mma widths, 192, and the 128 tile computing
+# 80, 96 or 112 columns), which compile in
 # seconds.
-set(_jf_hopper_tile_dims 64 128 192 256)
+set(_jf_hopper_tile_dims 64 80 96 112 128 192 256)
 string(REPLACE ";" ", " _jf_hopper_tile_dims_text "${_jf_hopper_tile_dims}")
 foreach(tag f16 bf16)
   set(_jf_hopper_args "")

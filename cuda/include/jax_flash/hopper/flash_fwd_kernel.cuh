@@ -22,7 +22,9 @@
 // Head dims below the tile width D (any D, Dv <= D that are multiples of 16): the TMA
 // descriptors span the tensors' real widths, so Q / K columns past head_dim and V columns past
 // head_dim_v arrive as zeros (they add nothing to S, and give O columns of zeros), and the
-// epilogue stores only the head_dim_v columns of O.
+// epilogue stores only the head_dim_v columns of O. A narrow variant (Tr::kComputeDim < D)
+// issues tensor-core work for its first kComputeDim columns only: Q K^T k16 steps and the N of
+// P V's wgmma.
 //
 // Masking, softmax scaling and the lazy rescale follow the mma.sync kernel
 // (flash_attention_mma.cuh): scores in raw units, exp2 with softmax_scale * log2(e) folded in,
@@ -128,7 +130,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                             const __grid_constant__ CUtensorMap tm_k,
                             const __grid_constant__ CUtensorMap tm_v, const Kv kv) {
 #if defined(JAX_FLASH_SM90A)
-  constexpr int D = Tr::kHeadDim;
+  constexpr int D = Tr::kHeadDim;      // the shared-memory tile's width (64-column panels)
+  constexpr int DC = Tr::kComputeDim;  // the columns the tensor cores use (O's accumulators)
   constexpr int BM = Tr::kBlockM;
   constexpr int BN = Tr::kBlockN;
   constexpr int S = Tr::kStages;
@@ -333,9 +336,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       continue;
     }
 
-    float o[D / 2];
+    float o[DC / 2];
 #pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+    for (int i = 0; i < DC / 2; ++i) o[i] = 0.f;
     float row_max[2] = {-INFINITY, -INFINITY};
     float row_sum[2] = {0.f, 0.f};
 
@@ -351,7 +354,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     auto issue_s = [&](int st) {
       const uint32_t k_tile = sK + st * Tr::kSmemKV;
 #pragma unroll
-      for (int k = 0; k < D / 16; ++k) {
+      for (int k = 0; k < DC / 16; ++k) {
         const uint32_t off = (k % 4) * 32;  // k16 step inside a 64-column panel
         const uint64_t da = smem_desc_sw128(q_rows + (k / 4) * Tr::kPanelQ + off, 16, 1024);
         const uint64_t db = smem_desc_sw128(k_tile + (k / 4) * Tr::kPanelKV + off, 16, 1024);
@@ -364,7 +367,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {
         const uint64_t db = smem_desc_sw128(v_tile + kk * 16 * 128, Tr::kPanelKV, 1024);
-        Wgmma<T, D>::rs(o, pa[kk], db);
+        Wgmma<T, DC>::rs(o, pa[kk], db);
       }
       wgmma_commit();
     };
@@ -475,7 +478,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // issue / wait (each only where that operand is live).
     auto fence_o = [&]() {
 #pragma unroll
-      for (int i = 0; i < D / 2; ++i) reg_fence(o[i]);
+      for (int i = 0; i < DC / 2; ++i) reg_fence(o[i]);
     };
     auto fence_s = [&]() {
 #pragma unroll
@@ -556,7 +559,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
       if (rescale) {
 #pragma unroll
-        for (int j = 0; j < D / 8; ++j) {
+        for (int j = 0; j < DC / 8; ++j) {
           o[4 * j] *= corr[0];
           o[4 * j + 1] *= corr[0];
           o[4 * j + 2] *= corr[1];
@@ -588,7 +591,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       if (t == 0 && lse_tile != nullptr && m0 + r < e.q_len)
         lse_tile[r] = empty ? -INFINITY : (row_max[hf] * scale_log2 + log2f(sum)) * kLn2;
 #pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
+      for (int j = 0; j < DC / 8; ++j) {
         const uint32_t v = pack2<T>(o[4 * j + 2 * hf] * inv, o[4 * j + 2 * hf + 1] * inv);
         const uint32_t addr = sQ + (j / 8) * Tr::kPanelQ + r * 128 + (((j % 8) ^ (r % 8)) << 4) + t * 4;
         st_shared_b32(addr, v);
@@ -596,10 +599,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
     named_sync(2 + cw, 128);
 #pragma unroll
-    for (int i = 0; i < 64 * (D / 8) / 128; ++i) {
+    for (int i = 0; i < 64 * (DC / 8) / 128; ++i) {
       const int idx = wtid + 128 * i;
-      const int r = 64 * cw + idx / (D / 8);
-      const int c = idx % (D / 8);
+      const int r = 64 * cw + idx / (DC / 8);
+      const int c = idx % (DC / 8);
       if (m0 + r < e.q_len && c < dv_chunks) {
         const uint4 v = ld_shared_v4(sQ + (c / 8) * Tr::kPanelQ + r * 128 + (((c % 8) ^ (r % 8)) << 4));
         *reinterpret_cast<uint4*>(o_tile + static_cast<int64_t>(r) * p.o_row_stride + c * 8) = v;

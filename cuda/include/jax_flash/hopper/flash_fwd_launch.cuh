@@ -87,6 +87,12 @@ cudaError_t run_flash_attention_hopper(const FlashParams& p, cudaStream_t stream
 // cuda/src/instantiations.cmake generates.
 extern template cudaError_t run_flash_attention_hopper<__half, 64>(const FlashParams&,
                                                                    cudaStream_t);
+extern template cudaError_t run_flash_attention_hopper<__half, 80>(const FlashParams&,
+                                                                   cudaStream_t);
+extern template cudaError_t run_flash_attention_hopper<__half, 96>(const FlashParams&,
+                                                                   cudaStream_t);
+extern template cudaError_t run_flash_attention_hopper<__half, 112>(const FlashParams&,
+                                                                    cudaStream_t);
 extern template cudaError_t run_flash_attention_hopper<__half, 128>(const FlashParams&,
                                                                     cudaStream_t);
 extern template cudaError_t run_flash_attention_hopper<__half, 192>(const FlashParams&,
@@ -95,6 +101,12 @@ extern template cudaError_t run_flash_attention_hopper<__half, 256>(const FlashP
                                                                     cudaStream_t);
 extern template cudaError_t run_flash_attention_hopper<__nv_bfloat16, 64>(const FlashParams&,
                                                                           cudaStream_t);
+extern template cudaError_t run_flash_attention_hopper<__nv_bfloat16, 80>(const FlashParams&,
+                                                                          cudaStream_t);
+extern template cudaError_t run_flash_attention_hopper<__nv_bfloat16, 96>(const FlashParams&,
+                                                                          cudaStream_t);
+extern template cudaError_t run_flash_attention_hopper<__nv_bfloat16, 112>(const FlashParams&,
+                                                                           cudaStream_t);
 extern template cudaError_t run_flash_attention_hopper<__nv_bfloat16, 128>(const FlashParams&,
                                                                            cudaStream_t);
 extern template cudaError_t run_flash_attention_hopper<__nv_bfloat16, 192>(const FlashParams&,

@@ -14,9 +14,16 @@
 
 namespace jax_flash::hopper {
 
-template <int kHeadDim_, int kBlockN_, int kStages_, bool kOverlap_, bool kPingPong_ = true>
+template <int kHeadDim_, int kBlockN_, int kStages_, bool kOverlap_, bool kPingPong_ = true,
+          int kComputeDim_ = kHeadDim_>
 struct HopperTraits {
   static constexpr int kHeadDim = kHeadDim_;
+  // The columns the tensor cores use: Q K^T runs kComputeDim / 16 k16 steps and O += P V is a
+  // wgmma of N = kComputeDim, O's accumulators kComputeDim / 2 floats per thread. Below
+  // kHeadDim (the shared-memory tile's width, whole 64-column panels that TMA fills, zeros past
+  // the tensors' widths) it is a narrow variant of that tile: no tensor-core work on the last
+  // panel's zero columns.
+  static constexpr int kComputeDim = kComputeDim_;
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
@@ -42,6 +49,8 @@ struct HopperTraits {
   static constexpr int kSmemBytes = 1024 /* alignment slack */ + kOffBars + 8 * kNumBars;
 
   static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256, "head dims 64, 128, 192, 256");
+  static_assert(kComputeDim % 16 == 0 && kComputeDim <= kHeadDim && kComputeDim > kHeadDim - 64,
+                "compute width: a multiple of 16 in the tile's last panel");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
 };
@@ -60,6 +69,22 @@ struct HopperDefaultTraits<64> {
 template <>
 struct HopperDefaultTraits<128> {
   using type = HopperTraits<128, 128, 2, true>;
+};
+// max(D, Dv) in (64, 112] (policy::flash_hopper_tile_dim: 80, 96, 112, e.g. Phi-2's 80, Phi-3's
+// 96): the 128 tile computing only its first 80 / 96 / 112 columns. Zero-padded on the full 128
+// tile they ran at D / 128 of its TFLOP/s (H100, bf16 4 x 4k 32/8, causal: D 80 338, 96 398, 112
+// 448 against D 128's 516; benchmarks/results/headdims_*_20261127T1450.json).
+template <>
+struct HopperDefaultTraits<80> {
+  using type = HopperTraits<128, 128, 2, true, true, 80>;
+};
+template <>
+struct HopperDefaultTraits<96> {
+  using type = HopperTraits<128, 128, 2, true, true, 96>;
+};
+template <>
+struct HopperDefaultTraits<112> {
+  using type = HopperTraits<128, 128, 2, true, true, 112>;
 };
 // d=192 (policy::flash_hopper_tile_dim: max(D, Dv) in (128, 192]): 96-key tiles, the largest
 // that keeps the overlap within the registers (S 48 + O 96 floats; 88 bytes of spills). Measured

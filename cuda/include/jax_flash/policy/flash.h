@@ -29,16 +29,20 @@ constexpr int flash_mma_tile_dim(int64_t head_dim, int64_t head_dim_v) {
   return mma_tile_dim(head_dim, head_dim_v);
 }
 
-// The tile width (64, 128, 192 or 256) of the Hopper (wgmma + TMA) prefill kernel, which takes
-// every tensor-core call on compute capability 9.0 in builds with sm_90a code
-// (flash_attention_hopper_supported), for head dims D, Dv (supported): the narrowest that holds
-// max(D, Dv). The 192 tile serves max(D, Dv) in (128, 192], e.g. D 192 and DeepSeek's D/Dv
-// 192/128, which the 256 tile would run with a quarter or more of its tensor-core work on zeros
-// (measured in hopper/tile_config.cuh). Paged multi-token queries keep the mma tiles
-// (paged_mma_tile_dim): a 96-key tile would not take 64- or 128-row pages.
+// The tile (64, 80, 96, 112, 128, 192 or 256: its compute width) of the Hopper (wgmma + TMA)
+// prefill kernel, which takes every tensor-core call on compute capability 9.0 in builds with
+// sm_90a code (flash_attention_hopper_supported), for head dims D, Dv (supported): the narrowest
+// that holds max(D, Dv). The 192 tile serves max(D, Dv) in (128, 192], e.g. D 192 and DeepSeek's
+// D/Dv 192/128, which the 256 tile would run with a quarter or more of its tensor-core work on
+// zeros (measured in hopper/tile_config.cuh); 80, 96 and 112 are the 128 tile computing only
+// that many columns (Phi-2's 80, Phi-3's 96; HopperTraits::kComputeDim). Paged multi-token
+// queries keep the mma tiles (paged_mma_tile_dim): a 96-key tile would not take 64- or 128-row
+// pages.
 constexpr int flash_hopper_tile_dim(int64_t head_dim, int64_t head_dim_v) {
   const int64_t d = head_dim > head_dim_v ? head_dim : head_dim_v;
-  return d <= 64 ? 64 : (d <= 128 ? 128 : (d <= 192 ? 192 : 256));
+  if (d <= 64) return 64;
+  if (d <= 112) return d <= 80 ? 80 : (d <= 96 ? 96 : 112);
+  return d <= 128 ? 128 : (d <= 192 ? 192 : 256);
 }
 
 // Head dims of the Hopper backward kernel (hopper/flash_bwd_kernel.cuh), which takes the
