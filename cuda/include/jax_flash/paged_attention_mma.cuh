@@ -87,7 +87,8 @@ namespace paged {
 // The kernel's configuration for tile width D and a cache of kElemBytes per element. The last
 // three parameters request keys per tile, ring stages and CTAs per SM in place of the library's
 // choices (0: the library's), so that tools/paged_decode_sweep.cu can time other configurations
-// of the same kernel; the library compiles MmaCfg<D, kElemBytes> only.
+// of the same kernel; the library compiles MmaCfg<D, kElemBytes> and, for head dims below the
+// tile width, the ring of policy::paged_mma_padded_stages.
 template <int D, int kElemBytes = 2, int kTKWant = 0, int kStagesWant = 0, int kCtasWant = 0>
 struct MmaCfg {
   static_assert(D == 64 || D == 128 || D == 256, "head dim must be 64, 128 or 256");
@@ -147,8 +148,8 @@ struct MmaCfg {
   static constexpr int kSmem = smem_bytes(kStages);
 
   static_assert(fits(kStages), "shared memory does not fit kCtasPerSm CTAs per SM");
-  // the library keeps two tiles in flight; a requested ring of 2 (one tile copied while one is
-  // computed) is correct too
+  // the deepest ring keeps two tiles in flight; a requested ring of 2 (one tile copied while one
+  // is computed) is correct too
   static_assert(kStages >= 3 || (kStagesWant == 2), "at least two tiles in flight");
   static_assert(kThreads % kChunks == 0 && kTK % kRowsPerPass == 0, "bad copy split");
   static_assert(kQIt * kThreads == kRows * kQChunks, "bad q split");
@@ -833,19 +834,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
                                                             vscale_head);
 }
 
-// Paged decode attention on tensor cores (and the split-KV merge when num_splits > 1) for q of
-// type T (__half or __nv_bfloat16) and a cache of type TC (T, int8_t or __nv_fp8_e4m3) on the
-// tile width D = policy::paged_mma_tile_dim(head_dim, head_dim_v); parameters accepted by
-// paged_mma_supported. Asynchronous on `stream`; never synchronizes or allocates. Cfg: void
-// (the library's MmaCfg<D, sizeof(TC)>) or another MmaCfg of D and sizeof(TC) (the sweep tool).
-template <typename T, int D, typename TC, class Cfg>
-cudaError_t launch_paged_attention_mma(const PagedAttentionParams& p, cudaStream_t stream) {
-  static_assert(kIsHalfOrBFloat16<T>, "float16 or bfloat16");
-  static_assert(std::is_same_v<TC, T> || std::is_same_v<TC, int8_t> ||
-                    std::is_same_v<TC, __nv_fp8_e4m3>,
-                "cache of q's type, int8 or float8 e4m3");
-  using C = std::conditional_t<std::is_void_v<Cfg>, MmaCfg<D, sizeof(TC)>, Cfg>;
-  static_assert(C::kDim == D && C::kCacheBytes == sizeof(TC), "an MmaCfg of D and the cache");
+// Paged decode attention on tensor cores (and the split-KV merge when num_splits > 1) on the
+// configuration C (an MmaCfg of the tile width and the cache's element size).
+template <typename T, typename TC, class C>
+cudaError_t launch_paged_attention_mma_config(const PagedAttentionParams& p,
+                                              cudaStream_t stream) {
+  constexpr int D = C::kDim;
   const int64_t rows = static_cast<int64_t>(p.num_heads / p.num_heads_k) * p.seqlen_q;
   const int64_t chunks = (rows + C::kRows - 1) / C::kRows;
   const int64_t blocks = static_cast<int64_t>(p.batch) * p.num_heads_k * p.num_splits * chunks;
@@ -862,6 +856,34 @@ cudaError_t launch_paged_attention_mma(const PagedAttentionParams& p, cudaStream
                          stream, p.launch.pdl, p, static_cast<int32_t>(chunks));
   if (err != cudaSuccess) return err;
   return launch_paged_merge<T, D>(p, stream);
+}
+
+// Paged decode attention on tensor cores (and the split-KV merge when num_splits > 1) for q of
+// type T (__half or __nv_bfloat16) and a cache of type TC (T, int8_t or __nv_fp8_e4m3) on the
+// tile width D = policy::paged_mma_tile_dim(head_dim, head_dim_v); parameters accepted by
+// paged_mma_supported. Asynchronous on `stream`; never synchronizes or allocates. Cfg: void
+// (the library's configurations: MmaCfg<D, sizeof(TC)>, with policy::paged_mma_padded_stages
+// ring stages when max(D, Dv) is below the tile width) or another MmaCfg of D and sizeof(TC)
+// (the sweep tool).
+template <typename T, int D, typename TC, class Cfg>
+cudaError_t launch_paged_attention_mma(const PagedAttentionParams& p, cudaStream_t stream) {
+  static_assert(kIsHalfOrBFloat16<T>, "float16 or bfloat16");
+  static_assert(std::is_same_v<TC, T> || std::is_same_v<TC, int8_t> ||
+                    std::is_same_v<TC, __nv_fp8_e4m3>,
+                "cache of q's type, int8 or float8 e4m3");
+  if constexpr (!std::is_void_v<Cfg>) {
+    static_assert(Cfg::kDim == D && Cfg::kCacheBytes == sizeof(TC),
+                  "an MmaCfg of D and the cache");
+    return launch_paged_attention_mma_config<T, TC, Cfg>(p, stream);
+  } else {
+    constexpr int kPaddedStages = policy::paged_mma_padded_stages(D, sizeof(TC));
+    if constexpr (kPaddedStages > 0) {
+      if (p.head_dim < D && p.head_dim_v < D)
+        return launch_paged_attention_mma_config<T, TC, MmaCfg<D, sizeof(TC), 0, kPaddedStages>>(
+            p, stream);
+    }
+    return launch_paged_attention_mma_config<T, TC, MmaCfg<D, sizeof(TC)>>(p, stream);
+  }
 }
 
 }  // namespace paged

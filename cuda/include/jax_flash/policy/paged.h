@@ -25,9 +25,9 @@ constexpr int kPagedMmaRows = 16;
 // the narrowest tile that holds max(D, Dv): the cache rows are copied at their own width, the
 // tile's columns past D (Dv) are zero in shared memory, and only Dv columns are stored. Head
 // dims other than the tile widths thus cost no extra instantiation and no extra memory traffic,
-// but a stage then holds fewer cache bytes (fewer in flight per SM). Measured on an H100 (bf16
-// 32/8, page 16, GB/s, docs/benchmarks.md): 64 x 8k D 80 / 96 / 112 / 160 at 83 / 89 / 83 / 92%
-// of D 128's 3036; 1 x 32k 80 / 85 / 87 / 95% of 2391.
+// but a stage then holds fewer cache bytes (fewer in flight per SM; paged_mma_padded_stages).
+// Measured on an H100 (bf16 32/8, page 16, GB/s, docs/benchmarks.md): 64 x 8k D 80 / 96 / 112
+// at 84 / 90 / 90% of D 128's 3026, D 160 92%; 1 x 32k 82 / 88 / 90% of 2413, D 160 95%.
 constexpr int kPagedMmaTileDims[] = {64, 128, 256};
 
 constexpr bool paged_mma_head_dims_supported(int64_t head_dim, int64_t head_dim_v) {
@@ -44,6 +44,17 @@ constexpr int paged_mma_tile_dim(int64_t head_dim, int64_t head_dim_v) {
 // paged_attention_mma.cuh): 16-bit caches 2, 2, 1 for tiles 64, 128, 256; 8-bit caches 3, 2, 1.
 constexpr int paged_mma_ctas_per_sm(int tile_dim, int elem_bytes = 2) {
   return tile_dim <= 64 ? (elem_bytes == 1 ? 3 : 2) : (tile_dim <= 128 ? 2 : 1);
+}
+
+// Ring stages of the tensor-core kernel when max(D, Dv) is below its tile width (0: the tile's
+// own ring, the deepest that fits). A padded row carries fewer cache bytes per stage; on the
+// 16-bit 128-wide tile a 2-stage ring (same CTAs per SM) moved more of them in flight than 3
+// stages in every padded case timed (tools/paged_decode_sweep.cu, H100, bf16 32/8, cache copies
+// rotated out of L2): D 80 / 96 / 112 +0.8 / +0.1 / +8.2% at 64 x 8k, +2.2 / +3.2 / +4.2% at
+// 1 x 32k, D 112 +0.9% at 1 x 8k. (D 128 itself keeps 3 stages: 2 lost 6% at 1 x 8k where the
+// cache stays in L2.)
+constexpr int paged_mma_padded_stages(int tile_dim, int elem_bytes = 2) {
+  return tile_dim == 128 && elem_bytes == 2 ? 2 : 0;
 }
 
 // Whether the tensor-core kernel takes a call of these dtypes and shapes: q float16 or bfloat16
