@@ -17,7 +17,7 @@ from .ops.kv_cache import (
 )
 from .ops.paged_attention import paged_attention
 from .ops.rope import apply_rope
-from .ops.sampling import sample, top_k_top_p_filter
+from .ops.sampling import argmax_tokens, sample, top_k_top_p_filter
 from .parallel import context_parallel_attention
 from .primitives._common import NativeFallbackWarning
 
@@ -25,6 +25,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "append_kv",
+    "argmax_tokens",
     "apply_rope",
     "check_paged_inputs",
     "context_parallel_attention",

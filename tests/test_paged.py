@@ -281,6 +281,35 @@ def test_bad_data_gives_nan_for_that_sequence_only(kernel_platform, rng):
     assert err.get() is None
 
 
+# Split counts from 2 to 32, with one chunk of query rows per kv head and with several (5 x 4
+# rows). Short and zero lengths leave splits without keys; a bad page id in one sequence's later
+# split and a bad length make those sequences NaN while the others stay exact.
+SPLIT_CASES = [(64, "same", 1), (128, "same", 1), (256, "same", 1), (112, "same", 1),
+               (128, "int8", 1), (128, "same", 5)]  # fmt: skip
+
+
+@pytest.mark.parametrize("splits", [2, 5, 16, 32])
+@pytest.mark.parametrize("d,cache,sq", SPLIT_CASES)
+def test_many_splits(kernel_platform, rng, splits, d, cache, sq):
+    lens = [0, 9, 700, 2051, 1500, 300]
+    dtype = jnp.float16 if cache == "int8" else jnp.bfloat16
+    kp, vp, bt, kl = make_cache(rng, lens, 16, 2, d, dtype)
+    bt = bt.at[4, 80].set(kp.shape[0] + 7)  # sequence 4: a bad id among its last pages
+    kl = kl.at[5].set(-3)  # sequence 5: a bad length
+    scales = {}
+    if cache == "int8":
+        ks, vs = (jnp.max(jnp.abs(x.astype(jnp.float32)), axis=(0, 1, 3)) / 127.0
+                  for x in (kp, vp))  # fmt: skip
+        kp = reference.quantize(kp, ks[:, None], jnp.int8)
+        vp = reference.quantize(vp, vs[:, None], jnp.int8)
+        scales = {"k_scale": ks, "v_scale": vs}
+    shape = (len(lens), 8, d) if sq == 1 else (len(lens), sq, 8, d)
+    q = randn(rng, shape, dtype)
+    o, _ = _check(kernel_platform, rng, q, kp, vp, bt, kl, num_splits=splits, **scales)
+    assert np.all(o[0] == 0), "kv_len 0 gives zeros"
+    assert np.all(np.isnan(o[4:])) and np.all(np.isfinite(o[:4]))
+
+
 @pytest.mark.parametrize("cache_dtype", ["bfloat16", "float8_e4m3fn"])
 def test_empty_cache_gives_nan(kernel_platform, rng, cache_dtype):
     """A cache of no pages: every id is invalid, so sequences with keys get NaN, and no kernel

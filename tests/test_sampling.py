@@ -317,6 +317,30 @@ def test_infinite_and_nan_logits(platform):
     np.testing.assert_array_equal(np.asarray(greedy), [4, -1, -1])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_argmax_tokens_is_greedy_sample(platform, rng, dtype):
+    """argmax_tokens (one XLA reduction) picks what sample picks at temperature 0: ties to the
+    lower index, NaN as -inf, +inf as the largest bfloat16, -1 without a finite logit."""
+    B, V = 9, 1237
+    x = rng.standard_normal((B, V)).astype(np.float32)
+    x = np.round(x * 4) / 4  # many ties
+    x[1, [5, 900]] = np.inf
+    x[1, 7] = 3e38
+    x[2, :] = -np.inf
+    x[3, :] = np.nan
+    x[4, ::2] = np.nan
+    x[5, :] = 0.0
+    x[5, 3:10] = -0.0
+    x[6, 100:] = -np.inf
+    with np.errstate(over="ignore"):  # 3e38 is +inf in float16
+        logits = jnp.asarray(x, dtype)
+    want = sample(*platform.put(logits, jax.random.key(3)), temperature=0.0,
+                  implementation=platform.name)  # fmt: skip
+    got = jax.jit(jax_flash.argmax_tokens)(platform.put(logits))
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert np.asarray(got)[1] == 5 and np.all(np.asarray(got)[2:4] == -1)
+
+
 def test_positive_infinity(platform):
     """+inf logits share all the probability (they count as the largest bfloat16)."""
     logits = jnp.tile(jnp.asarray([[1.0, jnp.inf, 3e38, jnp.inf, -jnp.inf]], jnp.float32), (400, 1))

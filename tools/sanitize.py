@@ -164,6 +164,7 @@ def _driver(quick: bool, platform: str, ops: tuple[str, ...] = OPS) -> int:
         (bf16, jnp.float8_e4m3fn, "token", 256, 8, 2, dict(sliding_window=(20, 0))),
         (f16, jnp.int8, "token", 64, 32, 4, dict(num_splits=3)),
         (f32, jnp.float8_e4m3fn, "head", 128, 16, 2, dict()),
+        (bf16, bf16, None, 128, 16, None, dict(num_splits=12)),  # splits of 16 keys
     ]
     for tq, tc, scale, D, page, Sq, opts in cases("paged_attention", paged, 3):
         B, Hkv, group = 5, 2, 4

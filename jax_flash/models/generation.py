@@ -22,7 +22,7 @@ from flax import nnx
 
 from ..nn import PageAllocator, block_table, pages_needed
 from ..ops.kv_cache import reorder_beams
-from ..ops.sampling import sample
+from ..ops.sampling import argmax_tokens, sample
 
 # Shapes are rounded up to these multiples (packed prompt rows, cache pages, block-table
 # columns) so that calls of similar sizes share their compiled executables.
@@ -96,8 +96,8 @@ def _run(fn, statics, *args, compile_times):
 
 
 def _draw(logits, key, step, spec: _Spec, params):
-    if spec.greedy:
-        return sample(logits, key, temperature=0.0, implementation=spec.impl)
+    if spec.greedy:  # sample's temperature-0 choice, without the sampling kernel
+        return argmax_tokens(logits)
     return sample(
         logits,
         jax.random.fold_in(key, step),

@@ -1,4 +1,4 @@
-"""Sampling from logits: `sample` and `top_k_top_p_filter`."""
+"""Sampling from logits: `sample`, its greedy choice `argmax_tokens`, and `top_k_top_p_filter`."""
 
 from __future__ import annotations
 
@@ -172,6 +172,32 @@ def sample(
         return jnp.zeros((0,), jnp.int32)
     (tokens,) = sample_p.bind(logits, *params, seeds, config=SamplingConfig(implementation))
     return tokens
+
+
+def argmax_tokens(logits):
+    """The token :func:`sample` draws with ``temperature=0`` (greedy decoding), by one XLA
+    reduction instead of the sampling kernel: per row the first index of the largest logit, NaN
+    counting as -inf (and -0 as 0); -1 for a row with no finite logit. The same tokens on every
+    platform.
+
+    Parameters
+    ----------
+    logits : Array ``[B, V]`` float32, float16 or bfloat16.
+
+    Returns
+    -------
+    tokens : int32 ``[B]``.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp, jax_flash
+    >>> jax_flash.argmax_tokens(jnp.array([[0.0, 2.0, 2.0], [jnp.nan, -jnp.inf, -jnp.inf]]))
+    Array([ 1, -1], dtype=int32)
+    """
+    _check_logits("argmax_tokens", logits)
+    x = reference._normalize_logits(logits)
+    token = jnp.argmax(x, axis=-1).astype(jnp.int32)
+    return jnp.where(jnp.max(x, axis=-1) > -jnp.inf, token, -1)
 
 
 def top_k_top_p_filter(

@@ -38,7 +38,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ..nn import Mixed
 from ..ops.kv_cache import copy_pages
-from ..ops.sampling import sample
+from ..ops.sampling import argmax_tokens, sample
 from .pages import PagePool
 from .request import Request, SamplingParams, Status
 from .scheduler import Scheduler, StepPlan
@@ -108,7 +108,7 @@ def _draw(logits, f, greedy: bool, impl):
     """One token per row: argmax when every row is greedy (``greedy``), else each row alone
     with its own key, as `generate` draws for a lone prompt."""
     if greedy:
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return argmax_tokens(logits)
 
     def one(row, seed, index, temperature, top_k, top_p, min_p):
         key = jax.random.fold_in(jax.random.key(seed), index)
