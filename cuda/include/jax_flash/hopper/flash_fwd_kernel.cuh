@@ -12,8 +12,10 @@
 //     fragment, O += P V with V read MN-major from shared memory. The softmax of key tile n
 //     runs while the tensor cores compute P V of tile n + 1 (kOverlap), and the two warpgroups
 //     take turns issuing their GEMMs (kPingPong), so one's softmax hides under the other's
-//     GEMMs. The epilogue stages O in the warpgroup's own rows of the Q buffer and stores whole
-//     16-byte chunks of valid rows.
+//     GEMMs. The epilogue stages O in the warpgroup's rows of an O buffer (tiles up to 128
+//     wide: Q is released after the item's last Q K^T, so the next item's Q loads under this
+//     one's last P V and epilogue) or of the Q buffer, and stores whole 16-byte chunks of valid
+//     rows.
 // TMA reads whole tiles of the packed tensors, so a tile can cover rows of the next sequence:
 // such q rows are computed but never stored, such keys are masked in S (as past-the-window keys
 // are), and such V rows are zeroed in shared memory before P V (a masked key's weight is exactly
@@ -143,6 +145,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const uint32_t sQ = base;
   const uint32_t sK = base + Tr::kOffK;
   const uint32_t sV = base + Tr::kOffV;
+  const uint32_t sO = Tr::kSeparateO ? base + Tr::kOffO : sQ;  // O's staging for its store
   const uint32_t bars = base + Tr::kOffBars;
   const uint32_t q_full = bars;
   const uint32_t q_empty = bars + 8;
@@ -256,8 +259,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           const int row = ft.ext.k_start + n * BN;
           load_kv(&tm_k, sK, k_full, k_empty, stage, phase, kv_head, row);
           if (first) {
-            // Q after the first K tile: the K load need not wait for the previous item's
-            // epilogue, which stages O in the Q buffer.
+            // Q after the first K tile: the K load need not wait for the previous item to
+            // release Q (after its last Q K^T; after its epilogue where O is staged in Q).
             load_q(ft, head, m0);
             first = false;
           }
@@ -575,11 +578,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         phase ^= 1;
       }
     }
+    // Every Q K^T of the item is done: with O staged elsewhere, Q goes back to the producer now,
+    // so that the next item's Q loads under the last P V and the epilogue.
+    if constexpr (Tr::kSeparateO) {
+      if (wtid == 0) mbar_arrive(q_empty);
+    }
     // The last P V.
     gemm_pv(v_stage, v_phase, v_n);
 
-    // Epilogue: normalize, lse, stage O in this warpgroup's rows of the Q buffer (its own Q rows,
-    // which only it read), then store whole 16-byte chunks of the valid rows.
+    // Epilogue: normalize, lse, stage O in this warpgroup's rows of the O buffer (or of the Q
+    // buffer: its own Q rows, which only it read), then store whole 16-byte chunks of the valid
+    // rows.
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       float sum = row_sum[hf];
@@ -593,7 +602,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
       for (int j = 0; j < DC / 8; ++j) {
         const uint32_t v = pack2<T>(o[4 * j + 2 * hf] * inv, o[4 * j + 2 * hf + 1] * inv);
-        const uint32_t addr = sQ + (j / 8) * Tr::kPanelQ + r * 128 + (((j % 8) ^ (r % 8)) << 4) + t * 4;
+        const uint32_t addr = sO + (j / 8) * Tr::kPanelQ + r * 128 + (((j % 8) ^ (r % 8)) << 4) + t * 4;
         st_shared_b32(addr, v);
       }
     }
@@ -604,14 +613,18 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       const int r = 64 * cw + idx / (DC / 8);
       const int c = idx % (DC / 8);
       if (m0 + r < e.q_len && c < dv_chunks) {
-        const uint4 v = ld_shared_v4(sQ + (c / 8) * Tr::kPanelQ + r * 128 + (((c % 8) ^ (r % 8)) << 4));
+        const uint4 v = ld_shared_v4(sO + (c / 8) * Tr::kPanelQ + r * 128 + (((c % 8) ^ (r % 8)) << 4));
         *reinterpret_cast<uint4*>(o_tile + static_cast<int64_t>(r) * p.o_row_stride + c * 8) = v;
       }
     }
-    // The next item's Q arrives by TMA (async proxy) over these rows.
-    fence_proxy_async();
-    named_sync(2 + cw, 128);
-    if (wtid == 0) mbar_arrive(q_empty);
+    if constexpr (Tr::kSeparateO) {
+      named_sync(2 + cw, 128);  // every thread's reads of the O rows before the next item's writes
+    } else {
+      // The next item's Q arrives by TMA (async proxy) over these rows.
+      fence_proxy_async();
+      named_sync(2 + cw, 128);
+      if (wtid == 0) mbar_arrive(q_empty);
+    }
     q_phase ^= 1;
   }
 #endif  // JAX_FLASH_SM90A

@@ -6,8 +6,9 @@
 //
 // Shared memory (all regions 1024-byte aligned, the 128-byte swizzle's period): every tile is
 // stored as head_dim / 64 column panels of [rows][64] elements, 128 bytes a row, 128-byte
-// swizzled (TMA's SWIZZLE_128B, the layout wgmma descriptors read). Q (reused to stage O),
-// kStages K tiles, kStages V tiles, then the mbarriers.
+// swizzled (TMA's SWIZZLE_128B, the layout wgmma descriptors read). Q, kStages K tiles,
+// kStages V tiles, the O staging buffer (kSeparateO; else O is staged in the Q buffer), then the
+// mbarriers.
 #pragma once
 
 #include <cstdint>
@@ -43,7 +44,13 @@ struct HopperTraits {
   static constexpr int kSmemKV = kPanels * kPanelKV;  // one K or one V stage
   static constexpr int kOffK = kSmemQ;
   static constexpr int kOffV = kOffK + kStages * kSmemKV;
-  static constexpr int kOffBars = kOffV + kStages * kSmemKV;
+  // O is staged for its store in a buffer of its own where shared memory allows (tiles up to
+  // 128 wide), so that Q goes back to the producer once the item's last Q K^T is done and the
+  // next item's Q loads under this item's last P V and epilogue; else in the Q buffer.
+  static constexpr int kBytesWithoutO = 1024 + kOffV + kStages * kSmemKV + 8 * (2 + 4 * kStages);
+  static constexpr bool kSeparateO = kBytesWithoutO + kSmemQ <= 227 * 1024;
+  static constexpr int kOffO = kOffV + kStages * kSmemKV;  // (when kSeparateO)
+  static constexpr int kOffBars = kOffO + (kSeparateO ? kSmemQ : 0);
   // mbarriers (8 bytes each): q_full, q_empty, then k_full, v_full, k_empty, v_empty per stage.
   static constexpr int kNumBars = 2 + 4 * kStages;
   static constexpr int kSmemBytes = 1024 /* alignment slack */ + kOffBars + 8 * kNumBars;
