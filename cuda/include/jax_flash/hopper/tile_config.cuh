@@ -44,15 +44,14 @@ struct HopperTraits {
   static constexpr int kSmemKV = kPanels * kPanelKV;  // one K or one V stage
   static constexpr int kOffK = kSmemQ;
   static constexpr int kOffV = kOffK + kStages * kSmemKV;
+  static constexpr int kOffO = kOffV + kStages * kSmemKV;  // the O buffer (when kSeparateO)
+  // mbarriers (8 bytes each): q_full, q_empty, then k_full, v_full, k_empty, v_empty per stage.
+  static constexpr int kNumBars = 2 + 4 * kStages;
   // O is staged for its store in a buffer of its own where shared memory allows (tiles up to
   // 128 wide), so that Q goes back to the producer once the item's last Q K^T is done and the
   // next item's Q loads under this item's last P V and epilogue; else in the Q buffer.
-  static constexpr int kBytesWithoutO = 1024 + kOffV + kStages * kSmemKV + 8 * (2 + 4 * kStages);
-  static constexpr bool kSeparateO = kBytesWithoutO + kSmemQ <= 227 * 1024;
-  static constexpr int kOffO = kOffV + kStages * kSmemKV;  // (when kSeparateO)
+  static constexpr bool kSeparateO = 1024 + kOffO + kSmemQ + 8 * kNumBars <= 227 * 1024;
   static constexpr int kOffBars = kOffO + (kSeparateO ? kSmemQ : 0);
-  // mbarriers (8 bytes each): q_full, q_empty, then k_full, v_full, k_empty, v_empty per stage.
-  static constexpr int kNumBars = 2 + 4 * kStages;
   static constexpr int kSmemBytes = 1024 /* alignment slack */ + kOffBars + 8 * kNumBars;
 
   static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256, "head dims 64, 128, 192, 256");
@@ -80,7 +79,8 @@ struct HopperDefaultTraits<128> {
 // max(D, Dv) in (64, 112] (policy::flash_hopper_tile_dim: 80, 96, 112, e.g. Phi-2's 80, Phi-3's
 // 96): the 128 tile computing only its first 80 / 96 / 112 columns. Zero-padded on the full 128
 // tile they ran at D / 128 of its TFLOP/s (H100, bf16 4 x 4k 32/8, causal: D 80 338, 96 398, 112
-// 448 against D 128's 516; benchmarks/results/headdims_*_20261127T1450.json).
+// 448 against D 128's 516; benchmarks/results/headdims_*_20261127T1450.json); narrow, 398 / 440
+// / 474 against 523 (headdims_prefill_*_20261127T1625.json).
 template <>
 struct HopperDefaultTraits<80> {
   using type = HopperTraits<128, 128, 2, true, true, 80>;
