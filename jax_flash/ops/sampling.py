@@ -196,8 +196,9 @@ def argmax_tokens(logits):
     """
     _check_logits("argmax_tokens", logits)
     x = reference._normalize_logits(logits)
-    token = jnp.argmax(x, axis=-1).astype(jnp.int32)
-    return jnp.where(jnp.max(x, axis=-1) > -jnp.inf, token, -1)
+    token = jnp.argmax(x, axis=-1, keepdims=True)
+    top = jnp.take_along_axis(x, token, axis=-1)  # the row's largest (normalized) logit
+    return jnp.where(top > -jnp.inf, token, -1)[:, 0].astype(jnp.int32)
 
 
 def top_k_top_p_filter(
