@@ -7,11 +7,11 @@
 //   producer (warpgroup 0, one thread): TMA loads of the Q tile (once) and of the K and V tiles,
 //     last key tile first, into a kStages-deep ring; each buffer has a "full" mbarrier (TMA
 //     transaction bytes) and an "empty" one (one arrival per consumer warpgroup).
-//   consumers (warpgroups 1, 2; 64 query rows each): S = Q K^T with wgmma from shared memory,
-//     soft cap, mask, online softmax in registers, P converted in registers to wgmma's A
-//     fragment, O += P V with V read MN-major from shared memory. The softmax of key tile n
-//     runs while the tensor cores compute P V of tile n + 1 (kOverlap), and the two warpgroups
-//     take turns issuing their GEMMs (kPingPong), so one's softmax hides under the other's
+//   consumers (warpgroups 1 .. kConsumers; 64 query rows each): S = Q K^T with wgmma from
+//     shared memory, soft cap, mask, online softmax in registers, P converted in registers to
+//     wgmma's A fragment, O += P V with V read MN-major from shared memory. The softmax of key
+//     tile n runs while the tensor cores compute P V of tile n + 1 (kOverlap), and the
+//     warpgroups take turns issuing their GEMMs (kPingPong), so one's softmax hides under another's
 //     GEMMs. The epilogue stages O in the warpgroup's rows of an O buffer (tiles up to 128
 //     wide: Q is released after the item's last Q K^T, so the next item's Q loads under this
 //     one's last P V and epilogue) or of the Q buffer, and stores whole 16-byte chunks of valid
@@ -280,7 +280,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // ------------------------------------------------------------------ consumers
   setmaxnreg_inc<Tr::kConsumerRegs>();
   const int cw = wg - 1;               // consumer warpgroup: query rows 64 cw .. 64 cw + 63
-  const int ctid = tid - 128;          // 0..255 over both consumer warpgroups
+  const int ctid = tid - 128;          // 0 .. 128 * kConsumers - 1 over the consumers
   const int wtid = tid & 127;          // thread within the warpgroup
   const int g = lane >> 2;             // accumulator row (and +8) within the warp's 16
   const int t = lane & 3;              // accumulator column pair
@@ -290,7 +290,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const float scale_log2 = score.scale_log2, softcap_in = score.softcap_in;
 
   if constexpr (Tr::kPingPong) {
-    if (cw == 1) named_arrive(4, 256);  // consumer warpgroup 0 takes the first turn
+    // consumer warpgroup 0 takes the first turn (its predecessor hands it over)
+    if (cw == Tr::kConsumers - 1) named_arrive(Tr::kPingPongBarrier, 256);
   }
   FlashTileCursor cur{0, 0};
   int stage = 0, phase = 0, q_phase = 0;
@@ -376,14 +377,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     };
     // Waits for V(n) in stage st; the first (last in key order) tile can hold rows past the
     // sequence's keys (another sequence's, or zeros past the tensor): they must not reach O, so
-    // both consumer warpgroups zero them, then meet.
+    // the consumer warpgroups zero them, then meet.
     auto wait_v = [&](int st, int ph, int n) {
       mbar_wait(v_full(st), ph);
       const int n0 = n * BN;
       if (n == kt.n_last && n0 + BN > e.k_len) {
         const uint32_t v_tile = sV + st * Tr::kSmemKV;
         const int first_row = e.k_len - n0;
-        for (int i = ctid; i < (BN - first_row) * Tr::kPanels * 8; i += 256) {
+        for (int i = ctid; i < (BN - first_row) * Tr::kPanels * 8; i += 128 * Tr::kConsumers) {
           const int r = first_row + i / (Tr::kPanels * 8);
           const int c = i % (Tr::kPanels * 8);
           const uint32_t addr = v_tile + (c / 8) * Tr::kPanelKV + r * 128 + (c % 8) * 16;
@@ -391,7 +392,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                        : "memory");
         }
         fence_proxy_async();
-        named_sync(1, 256);
+        named_sync(1, 128 * Tr::kConsumers);
       }
     };
     // Soft cap, mask and online softmax of S (key tile n) into P (in s); returns the factor
@@ -468,14 +469,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
       }
     };
-    // Ping-pong of the two consumer warpgroups: each issues its GEMMs only in its turn and then
-    // hands the turn over, so that one's softmax runs while the other's GEMMs use the tensor
-    // cores. (Both issue the same number of GEMM groups, so the turns stay paired.)
+    // Ping-pong (round robin) of the consumer warpgroups: each issues its GEMMs only in its turn
+    // and then hands the turn to the next, so that the others' softmax runs while one's GEMMs use
+    // the tensor cores. (All issue the same number of GEMM groups, so the turns stay in step.)
     auto turn_begin = [&]() {
-      if constexpr (Tr::kPingPong) named_sync(4 + cw, 256);
+      if constexpr (Tr::kPingPong) named_sync(Tr::kPingPongBarrier + cw, 256);
     };
     auto turn_end = [&]() {
-      if constexpr (Tr::kPingPong) named_arrive(5 - cw, 256);
+      if constexpr (Tr::kPingPong)
+        named_arrive(Tr::kPingPongBarrier + (cw + 1) % Tr::kConsumers, 256);
     };
     // Register fences keep the compiler from moving accesses of wgmma operands across the
     // issue / wait (each only where that operand is live).

@@ -1,8 +1,9 @@
 // Tile shapes and shared-memory layout of the Hopper prefill kernel (flash_fwd_kernel.cuh).
 //
-// A CTA has 3 warpgroups: warpgroup 0 is the producer (one thread issues every TMA load; the
-// warpgroup gives its registers away with setmaxnreg), warpgroups 1 and 2 are consumers, each
-// computing 64 of the tile's kBlockM = 128 query rows (wgmma's M is 64 per warpgroup).
+// A CTA has 1 + kConsumers warpgroups: warpgroup 0 is the producer (one thread issues every TMA
+// load; the warpgroup gives its registers away with setmaxnreg), warpgroups 1.. are consumers,
+// each computing 64 of the tile's kBlockM = 64 * kConsumers query rows (wgmma's M is 64 per
+// warpgroup).
 //
 // Shared memory (all regions 1024-byte aligned, the 128-byte swizzle's period): every tile is
 // stored as head_dim / 64 column panels of [rows][64] elements, 128 bytes a row, 128-byte
@@ -16,7 +17,7 @@
 namespace jax_flash::hopper {
 
 template <int kHeadDim_, int kBlockN_, int kStages_, bool kOverlap_, bool kPingPong_ = true,
-          int kComputeDim_ = kHeadDim_>
+          int kComputeDim_ = kHeadDim_, int kConsumers_ = 2>
 struct HopperTraits {
   static constexpr int kHeadDim = kHeadDim_;
   // The columns the tensor cores use: Q K^T runs kComputeDim / 16 k16 steps and O += P V is a
@@ -25,17 +26,23 @@ struct HopperTraits {
   // the tensors' widths) it is a narrow variant of that tile: no tensor-core work on the last
   // panel's zero columns.
   static constexpr int kComputeDim = kComputeDim_;
-  static constexpr int kBlockM = 128;
+  // Consumer warpgroups (64 query rows each): 2, or 3 (kBlockM = 192) so that two softmaxes run
+  // while one warpgroup's GEMMs use the tensor cores (small head dims, few GEMMs per key).
+  static constexpr int kConsumers = kConsumers_;
+  static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
   // Softmax of key tile n under the P V GEMM of tile n + 1 (S, P and O live together).
   static constexpr bool kOverlap = kOverlap_;
   // The two consumer warpgroups take turns issuing their GEMMs (named barriers 4 and 5).
   static constexpr bool kPingPong = kPingPong_;
-  static constexpr int kConsumers = 2;  // consumer warpgroups
   static constexpr int kThreads = 128 * (1 + kConsumers);
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;  // 128 * 40 + 256 * 232 <= 64K registers
+  // 128 * 40 + 256 * 232 and 128 * 24 + 384 * 160 registers: at most 64K
+  static constexpr int kProducerRegs = kConsumers == 2 ? 40 : 24;
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 232 : 160;
+  // Named barriers: 1 all consumers, 2 + cw one consumer warpgroup, kPingPongBarrier + cw the
+  // ping-pong turn of warpgroup cw.
+  static constexpr int kPingPongBarrier = 2 + kConsumers;
 
   static constexpr int kPanels = kHeadDim / 64;
   static constexpr int kPanelQ = kBlockM * 128;  // bytes of one 64-column panel of Q
@@ -58,6 +65,8 @@ struct HopperTraits {
   static_assert(kComputeDim % 16 == 0 && kComputeDim <= kHeadDim && kComputeDim > kHeadDim - 64,
                 "compute width: a multiple of 16 in the tile's last panel");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N");
+  static_assert(kConsumers == 2 || kConsumers == 3, "2 or 3 consumer warpgroups");
+  static_assert(kPingPongBarrier + kConsumers <= 16, "named barriers");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
 };
 
