@@ -1,8 +1,9 @@
-"""Tile edges of the prefill kernels' 128-row query tiles and 64/96/128-row key tiles (the Hopper
-kernel's, whose tiles are 64, 128, 192 and 256 wide; on other GPUs and on CPU the same cases
-check the kernels there): lengths that are not multiples of the tiles, Sq != Skv, windows
-crossing tiles, rows that see no key, packed sequences whose tiles reach into the next sequence,
-non-finite values past a length, and head dims below the tile width (zero-padded)."""
+"""Tile edges of the prefill kernels' 128-row (and 192-row) query tiles and 64/96/128-row key
+tiles (the Hopper kernel's, whose tiles are 64, 128, 192 and 256 wide; on other GPUs and on CPU
+the same cases check the kernels there): lengths that are not multiples of the tiles,
+Sq != Skv, windows crossing tiles, rows that see no key, packed sequences whose tiles reach into
+the next sequence, non-finite values past a length, and head dims below the tile width
+(zero-padded)."""
 
 import functools
 
@@ -113,3 +114,22 @@ def test_rows_seeing_no_key_in_a_tile(platform, rng):
     # Causal with Sq - Skv = 250: the first 250 rows (whole 128-row tiles) see no key.
     o, lse = _dense_case(platform, rng, 1, 400, 150, 2, 1, 64, "float16", causal=True)
     assert np.all(o[:, :250] == 0) and np.all(np.isneginf(lse[:, :, :250]))
+
+
+@pytest.mark.parametrize("sq,skv", [(1601, 1601), (1700, 1543), (1543, 1700)])
+def test_tall_tiles_causal(platform, rng, sq, skv):
+    # On Hopper, D 64 calls take 192-row query tiles (three consumer warpgroups) when not masked
+    # or causal with max_seqlen_q >= 1536 (policy::flash_hopper_consumers): lengths off those
+    # tiles, Sq != Skv (the first sq - skv rows see no key).
+    o, lse = _dense_case(platform, rng, 1, sq, skv, 4, 2, 64, "bfloat16", causal=True)
+    if sq > skv:
+        assert np.all(o[:, : sq - skv] == 0)
+        assert np.all(np.isneginf(lse[:, :, : sq - skv]))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tall_tiles_varlen(platform, rng, causal):
+    # 192-row tiles reaching into the next packed sequence; max_seqlen_q 1601 takes them causal too.
+    q_lens = [1601, 1, 0, 193, 384, 130]
+    k_lens = [1601, 129, 7, 193, 500, 3]
+    _varlen_case(platform, rng, q_lens, k_lens, 4, 2, 64, "float16", tail=3, causal=causal)

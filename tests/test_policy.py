@@ -132,6 +132,26 @@ def test_hopper_prefill_tile(d, dv, tile):
     assert policy.flash_mma_tile_dim(d, dv) == next(t for t in (64, 128, 256) if tile <= t)
 
 
+@pytest.mark.parametrize(
+    "tile,softcap,window,max_seqlen_q,consumers",
+    [
+        (64, False, (-1, -1), 100, 3),
+        (64, False, (-1, 0), 1535, 2),
+        (64, False, (-1, 0), 1536, 3),
+        (64, False, (-1, 5), 4096, 3),
+        (64, False, (100, 0), 4096, 2),
+        (64, True, (-1, -1), 4096, 2),
+        (128, False, (-1, -1), 4096, 2),
+        (80, False, (-1, -1), 4096, 2),
+    ],
+)
+def test_hopper_prefill_consumers(tile, softcap, window, max_seqlen_q, consumers):
+    """Three consumer warpgroups (192-row tiles) only on the 64 tile, and there not for short
+    causal calls, sliding windows (taller tiles waste work on masked scores) or soft caps."""
+    got = policy.flash_hopper_consumers(tile, softcap, *window, max_seqlen_q)
+    assert got == consumers
+
+
 PAGED = policy.PAGED_CHOICES
 KERNEL = policy.PAGED_KERNELS
 

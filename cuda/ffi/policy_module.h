@@ -99,6 +99,13 @@ inline void def_policy_module(nanobind::module_& parent) {
   m.def("flash_hopper_tile_dim",
         [](int64_t d, int64_t dv) { return policy::flash_hopper_tile_dim(d, dv); }, "head_dim"_a,
         "head_dim_v"_a);
+  m.def("flash_hopper_consumers",
+        [](int tile_dim, bool softcap, int64_t window_left, int64_t window_right,
+           int64_t max_seqlen_q) {
+          return policy::flash_hopper_consumers(tile_dim, softcap, window_left, window_right,
+                                                max_seqlen_q);
+        },
+        "tile_dim"_a, "softcap"_a, "window_left"_a, "window_right"_a, "max_seqlen_q"_a);
   m.def(
       "flash_kernel_choice",
       [](const std::string& dtype, int64_t d, int64_t dv, float softmax_scale, float softcap) {

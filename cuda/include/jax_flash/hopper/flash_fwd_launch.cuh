@@ -77,8 +77,15 @@ cudaError_t launch_flash_hopper(const FlashParams& p, cudaStream_t stream, const
 template <typename T, int kHeadDim>
 cudaError_t run_flash_attention_hopper(const FlashParams& p, cudaStream_t stream) {
   static_assert(kIsHalfOrBFloat16<T>, "float16 or bfloat16");
+  const bool softcap = p.softcap > 0.f;
+  if constexpr (hopper::kHasThreeConsumerTile<kHeadDim>) {
+    if (policy::flash_hopper_consumers(kHeadDim, softcap, p.window_left, p.window_right,
+                                       p.max_seqlen_q) == 3)  // never with a soft cap
+      return hopper::launch_flash_hopper<
+          T, typename hopper::HopperDefaultTraits<kHeadDim, 3>::type, false>(p, stream);
+  }
   using Tr = typename hopper::HopperDefaultTraits<kHeadDim>::type;
-  return dispatch_bool(p.softcap > 0.f, [&](auto softcap_c) {
+  return dispatch_bool(softcap, [&](auto softcap_c) {
     return hopper::launch_flash_hopper<T, Tr, decltype(softcap_c)::value>(p, stream);
   });
 }

@@ -75,12 +75,23 @@ struct HopperTraits {
 // with a 2-deep K/V ring in shared memory. d=256 keeps the softmax / P V overlap although its
 // extra live registers (S beside P and O) spill 192 bytes: measured on an H100 (bf16, 2 x 4k
 // causal, 32/8 heads) it runs at 605 TFLOP/s against 536 without the overlap.
-template <int kHeadDim>
+//
+// kConsumers: policy::flash_hopper_consumers; 3 only on the 64 tile (kHasThreeConsumerTile).
+template <int kHeadDim, int kConsumers = 2>
 struct HopperDefaultTraits;
 template <>
 struct HopperDefaultTraits<64> {
   using type = HopperTraits<64, 128, 3, true>;
 };
+// 192 x 128 tiles: 88 bytes of spills (8 with 2 consumers), no wgmma serialization. Against
+// 192 x 96 (faster on long causal calls by <= 5%, slower on full ones) and 192 x 64 with 4 stages
+// (slower everywhere) on an H100.
+template <>
+struct HopperDefaultTraits<64, 3> {
+  using type = HopperTraits<64, 128, 3, true, true, 64, 3>;
+};
+template <int kHeadDim>
+inline constexpr bool kHasThreeConsumerTile = kHeadDim == 64;
 template <>
 struct HopperDefaultTraits<128> {
   using type = HopperTraits<128, 128, 2, true>;

@@ -45,6 +45,23 @@ constexpr int flash_hopper_tile_dim(int64_t head_dim, int64_t head_dim_v) {
   return d <= 128 ? 128 : (d <= 192 ? 192 : 256);
 }
 
+// Consumer warpgroups (64 query rows each) of the Hopper prefill kernel's tile for a dense or
+// varlen call: 3 on the 64 tile (192 query rows: two softmaxes run while a third warpgroup's
+// GEMMs use the tensor cores, which the 64-wide tile's short GEMMs need) unless masking makes its
+// taller tiles waste work: causal (window_right >= 0 without a left window) with
+// max_seqlen_q < 1536, or a sliding window (window_left >= 0; not measured), and not with a soft
+// cap (its 3-consumer variant spills 184 bytes; not measured). The 128-wide and
+// wider tiles keep 2: with 512 threads ptxas serializes their wgmma. Measured on an H100 (bf16,
+// 32/8 heads, standalone, 2 -> 3 consumers, TFLOP/s): full 32 x 512 298 -> 330, 16 x 1k
+// 348 -> 392, 4 x 4k 405 -> 487; causal 32 x 512 190 -> 173, 16 x 1k 260 -> 239, 2 x 1536
+// 242 -> 258, 8 x 2k 323 -> 328, 4 x 4k 365 -> 398, 2 x 8k 398 -> 454, 1 x 16k 411 -> 469; D 128
+// 4 x 4k causal 595 -> 246. Paged multi-token queries keep 2.
+constexpr int flash_hopper_consumers(int tile_dim, bool softcap, int64_t window_left,
+                                     int64_t window_right, int64_t max_seqlen_q) {
+  if (tile_dim != 64 || softcap || window_left >= 0) return 2;
+  return window_right < 0 || max_seqlen_q >= 1536 ? 3 : 2;
+}
+
 // Head dims of the Hopper backward kernel (hopper/flash_bwd_kernel.cuh), which takes the
 // fp16/bf16 backward calls with these head dims on compute capability 9.0 devices in builds with
 // sm_90a code (flash_attention_bwd_hopper_supported checks the device, the build and the
