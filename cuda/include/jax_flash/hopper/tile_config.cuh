@@ -34,7 +34,7 @@ struct HopperTraits {
   static constexpr int kStages = kStages_;
   // Softmax of key tile n under the P V GEMM of tile n + 1 (S, P and O live together).
   static constexpr bool kOverlap = kOverlap_;
-  // The two consumer warpgroups take turns issuing their GEMMs (named barriers 4 and 5).
+  // The consumer warpgroups take turns issuing their GEMMs (named barriers kPingPongBarrier + cw).
   static constexpr bool kPingPong = kPingPong_;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   // 128 * 40 + 256 * 232 and 128 * 24 + 384 * 160 registers: at most 64K
