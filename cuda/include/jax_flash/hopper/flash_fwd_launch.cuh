@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
 
+#include <climits>
 #include <cmath>
 #include <cstdint>
 
@@ -77,12 +78,10 @@ cudaError_t launch_flash_hopper(const FlashParams& p, cudaStream_t stream, const
 template <typename T, int kHeadDim>
 cudaError_t run_flash_attention_hopper(const FlashParams& p, cudaStream_t stream) {
   static_assert(kIsHalfOrBFloat16<T>, "float16 or bfloat16");
-  // A tile the policy may give three consumers has their traits (full attention: its widest use).
-  static_assert(policy::flash_hopper_consumers(kHeadDim, false, -1, -1, 1 << 20) == 2 ||
-                    hopper::kHasThreeConsumerTile<kHeadDim>,
-                "policy::flash_hopper_consumers picks 3 consumers for a tile without such traits");
   const bool softcap = p.softcap > 0.f;
-  if constexpr (hopper::kHasThreeConsumerTile<kHeadDim>) {
+  // Tiles the policy may give three consumers (full attention is their widest use) compile that
+  // variant too (HopperDefaultTraits<kHeadDim, 3>).
+  if constexpr (policy::flash_hopper_consumers(kHeadDim, false, -1, -1, INT32_MAX) == 3) {
     if (policy::flash_hopper_consumers(kHeadDim, softcap, p.window_left, p.window_right,
                                        p.max_seqlen_q) == 3)  // never with a soft cap
       return hopper::launch_flash_hopper<

@@ -76,7 +76,7 @@ struct HopperTraits {
 // extra live registers (S beside P and O) spill 192 bytes: measured on an H100 (bf16, 2 x 4k
 // causal, 32/8 heads) it runs at 605 TFLOP/s against 536 without the overlap.
 //
-// kConsumers: policy::flash_hopper_consumers; 3 only on the 64 tile (kHasThreeConsumerTile).
+// kConsumers: policy::flash_hopper_consumers (3 only on the 64 tile).
 template <int kHeadDim, int kConsumers = 2>
 struct HopperDefaultTraits;
 template <>
@@ -90,8 +90,6 @@ template <>
 struct HopperDefaultTraits<64, 3> {
   using type = HopperTraits<64, 128, 3, true, true, 64, 3>;
 };
-template <int kHeadDim>
-inline constexpr bool kHasThreeConsumerTile = kHeadDim == 64;
 template <>
 struct HopperDefaultTraits<128> {
   using type = HopperTraits<128, 128, 2, true>;
