@@ -111,7 +111,8 @@ def _driver(quick: bool, platform: str, ops: tuple[str, ...] = OPS) -> int:
     dense = [
         (bf16, 2, 97, 97, 6, 2, 128, 128, dict(causal=True)),  # tensor cores
         (f32, 1, 33, 50, 4, 4, 64, 64, dict(sliding_window=(7, 3))),  # CUDA cores
-        (bf16, 2, 201, 150, 4, 2, 64, 64, dict()),  # Hopper: 192-row tiles (3 consumers)
+        # Hopper: 192-row tiles (3 consumers); 288 work items (more than SMs) from a counter
+        (bf16, 2, 401, 350, 48, 8, 64, 64, dict()),
         (f16, 2, 45, 130, 4, 1, 64, 64, dict(logits_soft_cap=20.0, causal=True)),
         (bf16, 1, 17, 17, 2, 2, 256, 256, dict(sliding_window=(4, 0))),
         (f16, 2, 29, 61, 3, 1, 96, 96, dict()),  # a head dim without tensor-core tiles

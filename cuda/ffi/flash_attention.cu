@@ -1,7 +1,9 @@
 // XLA FFI handler: jax_flash_flash_attention_cuda. Picks the kernel for (dtype, head dim):
 // the Hopper wgmma kernel on sm_90, else the mma.sync tensor-core kernel where it applies, the
 // SIMT kernel otherwise (float32, odd head dims).
-// Never synchronizes the stream and never allocates, so XLA may capture it in a CUDA graph.
+// Never synchronizes the stream and never allocates, so XLA may capture it in a CUDA graph; the
+// Hopper kernel's work-item counter is a result buffer of the call (int32[2] of scratch, which the
+// lowering adds and drops).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -71,12 +73,16 @@ static ffi::Error FlashAttentionCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi:
                                      ffi::Buffer<ffi::S32> k_ends, ffi::Result<ffi::AnyBuffer> o,
                                      ffi::Result<ffi::Buffer<ffi::F32>> lse, float softmax_scale,
                                      float softcap, int32_t window_left, int32_t window_right,
-                                     int32_t max_seqlen_q, int32_t fill_uncovered) {
+                                     int32_t max_seqlen_q, int32_t fill_uncovered,
+                                     ffi::Result<ffi::Buffer<ffi::S32>> item_counter) {
   FlashParams p;
   ffi::Error err = make_params(q, k, v, q_starts, q_ends, k_starts, k_ends, o, lse, softmax_scale,
                                softcap, window_left, window_right, max_seqlen_q, fill_uncovered,
                                &p);
   if (err.failure()) return err;
+  // Scratch of the Hopper kernel's work-item counter (8 bytes; policy::flash_hopper_dynamic_items).
+  if (item_counter->element_count() >= 2)
+    p.item_counter = reinterpret_cast<unsigned long long*>(item_counter->typed_data());
   if (p.head_dim > kMaxCudaHeadDim || p.head_dim_v > kMaxCudaHeadDim)
     return invalid(kFlashOp, "the CUDA kernel takes head dims up to " +
                                  std::to_string(kMaxCudaHeadDim) + ", got " +
@@ -98,7 +104,8 @@ static ffi::Error FlashAttentionCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi:
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxFlashAttentionCuda, jax_flash::ffi_impl::FlashAttentionCuda,
     jax_flash::ffi_impl::flash_attention_binding(
-        xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
+        xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>())
+        .Ret<xla::ffi::Buffer<xla::ffi::S32>>(),  // item_counter: int32[2] of scratch
     {xla::ffi::Traits::kCmdBufferCompatible});
 
 JAX_FLASH_REGISTER_FFI("jax_flash_flash_attention_cuda", JaxFlashAttentionCuda);

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import _native
-from .._compat import NOT_MAPPED, Primitive, ffi, mlir
+from .._compat import NOT_MAPPED, Primitive, ShapedArray, ffi, mlir
 from .partitioning import Partitioning, partitioned
 
 
@@ -89,6 +89,7 @@ def register_lowerings(
     aliases: dict[int, int] | None = None,
     *,
     partitioning: Partitioning,
+    cuda_scratch: tuple[ShapedArray, ...] = (),
 ):
     """Lower `p` to FFI targets jax_flash_<op>_{cpu,cuda}, and elsewhere to `reference`; under a
     mesh each device lowers its shard (see partitioning.py; call after def_abstract_eval).
@@ -97,7 +98,9 @@ def register_lowerings(
     cuda_kernel(avals_in, config) -> (name, None): the CUDA kernel that takes this case (name
     None for an op with one kernel), or (None, why) the CUDA kernels do not take it: then
     implementation=None runs `reference` with a NativeFallbackWarning (documented per op) and
-    implementation="cuda" raises. partitioning: p's sharding rule.
+    implementation="cuda" raises. partitioning: p's sharding rule. cuda_scratch: results the CUDA
+    target has after p's own, buffers XLA allocates for the kernel's private use (no memory is
+    allocated at run time, so the call stays capturable in a CUDA graph); the lowering drops them.
     """
     _KERNELS[p] = (op, cuda_kernel)
     sharded = partitioned(p, partitioning)
@@ -127,6 +130,10 @@ def register_lowerings(
                         raise ValueError(f"jax_flash.{op}: {reason}; use implementation='xla'")
                     warn_fallback(op, platform, reason)
                     return lower_reference_fn(ctx, *args, config=config)
+                if cuda_scratch:
+                    n = len(ctx.avals_out)
+                    ctx = ctx.replace(avals_out=[*ctx.avals_out, *cuda_scratch])
+                    return target(ctx, *args, **attrs(config))[:n]
             return target(ctx, *args, **attrs(config))
 
         return lower

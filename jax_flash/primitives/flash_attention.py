@@ -219,6 +219,8 @@ def _per_shard(config, got):
 register_lowerings(
     flash_attention_p, "flash_attention", _ffi_attrs, _reference, _cuda_kernel,
     partitioning=Partitioning(_rule, _per_shard),
+    # The Hopper kernel's work-item counter (policy::flash_hopper_dynamic_items).
+    cuda_scratch=(ShapedArray((2,), jnp.int32),),
 )  # fmt: skip
 
 

@@ -57,6 +57,10 @@ struct FlashParams {
   int32_t window_right;  // -1: unbounded; 0 for causal
   bool fill_uncovered;   // set o = 0, lse = -inf on rows no sequence owns
   DType dtype;
+  // Hopper prefill only: a counter in device memory, zero at launch, from which the persistent
+  // CTAs take their work items after the first (in item order, whichever CTA is free first);
+  // nullptr: CTA c takes items c, c + grid, c + 2 grid, ... (policy::flash_hopper_dynamic_items).
+  unsigned long long* item_counter = nullptr;
 };
 
 // Clamped extent of sequence b. Shared by both kernels so that they agree on what garbage

@@ -1,9 +1,13 @@
 // Hopper (sm_90a) fused prefill attention for float16 / bfloat16: warp-specialised, TMA + wgmma.
 //
-// Persistent CTAs walk work items w = blockIdx.x, blockIdx.x + gridDim.x, ...; item w is query
-// head w % num_heads of query tile w / num_heads, query tiles numbered sequence by sequence
-// (heaviest causal tile of a sequence first), so the heads sharing a K/V head run side by side
-// and reuse it from L2. Per item:
+// Persistent CTAs walk work items: CTA c takes item c first, then c + gridDim.x, c + 2 gridDim.x,
+// ... or (kDynamicItems) the next item nobody has taken (gridDim.x + FlashParams::item_counter's
+// atomic count), so that CTAs whose items were light take more (causal and packed calls). Item w
+// is query head w % num_heads of query tile w / num_heads, query tiles numbered sequence by
+// sequence (heaviest causal tile of a sequence first), so the heads sharing a K/V head run side by
+// side and reuse it from L2. With kDynamicItems the producer picks each item and hands its number
+// to the consumers through a ring of kItemSlots shared-memory slots (item_full / item_empty
+// mbarriers); the number past the last item tells them to stop. Per item:
 //   producer (warpgroup 0, one thread): TMA loads of the Q tile (once) and of the K and V tiles,
 //     last key tile first, into a kStages-deep ring; each buffer has a "full" mbarrier (TMA
 //     transaction bytes) and an "empty" one (one arrival per consumer warpgroup).
@@ -125,7 +129,7 @@ __device__ __forceinline__ bool find_work(const FlashParams& p, const Kv& kv, in
 }
 
 
-template <typename T, class Tr, bool kSoftcap, class Kv = PackedKv>
+template <typename T, class Tr, bool kSoftcap, class Kv = PackedKv, bool kDynamicItems = false>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     flash_fwd_hopper_kernel(const __grid_constant__ FlashParams p,
                             const __grid_constant__ CUtensorMap tm_q,
@@ -147,12 +151,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const uint32_t sV = base + Tr::kOffV;
   const uint32_t sO = Tr::kSeparateO ? base + Tr::kOffO : sQ;  // O's staging for its store
   const uint32_t bars = base + Tr::kOffBars;
+  const uint32_t items = base + Tr::kOffItems;  // the work-item ring (int64 item numbers)
   const uint32_t q_full = bars;
   const uint32_t q_empty = bars + 8;
   auto k_full = [&](int s) { return bars + 16 + 8 * s; };
   auto v_full = [&](int s) { return bars + 16 + 8 * (S + s); };
   auto k_empty = [&](int s) { return bars + 16 + 8 * (2 * S + s); };
   auto v_empty = [&](int s) { return bars + 16 + 8 * (3 * S + s); };
+  auto item_full = [&](int s) { return bars + 16 + 8 * (4 * S + s); };
+  auto item_empty = [&](int s) { return bars + 16 + 8 * (4 * S + Tr::kItemSlots + s); };
 
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
@@ -167,6 +174,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       mbar_init(v_full(s), 1);
       mbar_init(k_empty(s), Tr::kConsumers);
       mbar_init(v_empty(s), Tr::kConsumers);
+    }
+    if constexpr (kDynamicItems) {
+      for (int s = 0; s < Tr::kItemSlots; ++s) {
+        mbar_init(item_full(s), 1);
+        mbar_init(item_empty(s), 4 * Tr::kConsumers);  // each consumer warp reads the slot
+      }
     }
     mbar_fence_init();
   }
@@ -223,11 +236,31 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       for (int c = 0; c < Tr::kPanels; ++c)
         tma_load_3d(sQ + c * Tr::kPanelQ, &tm_q, q_full, c * 64, head, ft.ext.q_start + m0);
     };
+    // kDynamicItems: the next item, held by lane 0. Its atomic is issued at the top of an item
+    // and its value first needed at the top of the next one, under this item's loads.
+    int64_t next = blockIdx.x;
+    uint32_t handed = 0;
     for (int64_t w = blockIdx.x;; w += gridDim.x) {
+      if constexpr (kDynamicItems) {
+        w = __shfl_sync(0xffffffffu, next, 0);
+        if (lane == 0) next = gridDim.x + static_cast<int64_t>(atomicAdd(p.item_counter, 1ull));
+      }
       FlashTile ft;
       int head, m0;
       bool bad;
-      if (!find_work<BM>(p, kv, w, cur, ft, head, m0, bad)) break;
+      const bool more = find_work<BM>(p, kv, w, cur, ft, head, m0, bad);
+      if constexpr (kDynamicItems) {
+        // Hand w to the consumers (past the last item: their signal to stop).
+        const int slot = handed % Tr::kItemSlots;
+        if (lane == 0) {
+          mbar_wait(item_empty(slot), ((handed / Tr::kItemSlots) & 1) ^ 1);
+          asm volatile("atom.shared.exch.b64 _, [%0], %1;\n" ::"r"(items + 8 * slot), "l"(w)
+                       : "memory");
+          mbar_arrive(item_full(slot));
+        }
+        ++handed;
+      }
+      if (!more) break;
       const FlashKeyTiles kt = flash_key_tiles<BM, BN>(p, ft.ext, m0);
       if (bad || kt.n_last < kt.n_first) continue;  // the consumers write NaN / zeros
       if constexpr (Kv::kPaged) {
@@ -295,7 +328,20 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
   FlashTileCursor cur{0, 0};
   int stage = 0, phase = 0, q_phase = 0;
+  uint32_t taken = 0;
   for (int64_t w = blockIdx.x;; w += gridDim.x) {
+    if constexpr (kDynamicItems) {
+      // The item the producer picked (each warp reads the slot, then releases its share of it).
+      const int slot = taken % Tr::kItemSlots;
+      mbar_wait(item_full(slot), (taken / Tr::kItemSlots) & 1);
+      // Read by an atomic (the mbarriers order it; racecheck does not see them as barriers).
+      if (lane == 0) {
+        asm volatile("atom.shared.or.b64 %0, [%1], 0;\n" : "=l"(w) : "r"(items + 8 * slot) : "memory");
+        mbar_arrive(item_empty(slot));
+      }
+      w = __shfl_sync(0xffffffffu, w, 0);
+      ++taken;
+    }
     FlashTile ft;
     int head, m0;
     bool bad;

@@ -63,6 +63,16 @@ cudaError_t launch_flash_hopper(const FlashParams& p, cudaStream_t stream, const
     tiles = flash_num_tile_slots(p, Tr::kBlockM);
   const int64_t items = tiles * p.num_heads;
   const int grid = static_cast<int>(items < sms ? items : sms);
+  if constexpr (Tr::kConsumers == 3 && !Kv::kPaged) {
+    // Work items from a counter (policy::flash_hopper_dynamic_items), zeroed here first.
+    if (p.item_counter != nullptr &&
+        policy::flash_hopper_dynamic_items(Tr::kConsumers, items, grid)) {
+      err = cudaMemsetAsync(p.item_counter, 0, sizeof(*p.item_counter), stream);
+      if (err != cudaSuccess) return err;
+      return launch_with_smem<flash_fwd_hopper_kernel<T, Tr, kSoftcap, Kv, true>>(
+          grid, Tr::kThreads, Tr::kSmemBytes, stream, p, tm_q, tm_k, tm_v, kv);
+    }
+  }
   return launch_with_smem<flash_fwd_hopper_kernel<T, Tr, kSoftcap, Kv>>(
       grid, Tr::kThreads, Tr::kSmemBytes, stream, p, tm_q, tm_k, tm_v, kv);
 }

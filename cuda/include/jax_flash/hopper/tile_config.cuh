@@ -9,7 +9,7 @@
 // stored as head_dim / 64 column panels of [rows][64] elements, 128 bytes a row, 128-byte
 // swizzled (TMA's SWIZZLE_128B, the layout wgmma descriptors read). Q, kStages K tiles,
 // kStages V tiles, the O staging buffer (kSeparateO; else O is staged in the Q buffer), then the
-// mbarriers.
+// mbarriers, then the work-item ring.
 #pragma once
 
 #include <cstdint>
@@ -52,14 +52,19 @@ struct HopperTraits {
   static constexpr int kOffK = kSmemQ;
   static constexpr int kOffV = kOffK + kStages * kSmemKV;
   static constexpr int kOffO = kOffV + kStages * kSmemKV;  // the O buffer (when kSeparateO)
-  // mbarriers (8 bytes each): q_full, q_empty, then k_full, v_full, k_empty, v_empty per stage.
-  static constexpr int kNumBars = 2 + 4 * kStages;
+  // mbarriers (8 bytes each): q_full, q_empty, then k_full, v_full, k_empty, v_empty per stage,
+  // then item_full, item_empty per slot of the work-item ring.
+  static constexpr int kItemSlots = 2;
+  static constexpr int kNumBars = 2 + 4 * kStages + 2 * kItemSlots;
   // O is staged for its store in a buffer of its own where shared memory allows (tiles up to
   // 128 wide), so that Q goes back to the producer once the item's last Q K^T is done and the
   // next item's Q loads under this item's last P V and epilogue; else in the Q buffer.
-  static constexpr bool kSeparateO = 1024 + kOffO + kSmemQ + 8 * kNumBars <= 227 * 1024;
+  static constexpr bool kSeparateO =
+      1024 + kOffO + kSmemQ + 8 * kNumBars + 8 * kItemSlots <= 227 * 1024;
   static constexpr int kOffBars = kOffO + (kSeparateO ? kSmemQ : 0);
-  static constexpr int kSmemBytes = 1024 /* alignment slack */ + kOffBars + 8 * kNumBars;
+  // The work-item ring: kItemSlots item numbers (int64) the producer hands the consumers.
+  static constexpr int kOffItems = kOffBars + 8 * kNumBars;
+  static constexpr int kSmemBytes = 1024 /* alignment slack */ + kOffItems + 8 * kItemSlots;
 
   static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256, "head dims 64, 128, 192, 256");
   static_assert(kComputeDim % 16 == 0 && kComputeDim <= kHeadDim && kComputeDim > kHeadDim - 64,

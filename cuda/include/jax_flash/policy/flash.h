@@ -62,6 +62,19 @@ constexpr int flash_hopper_consumers(int tile_dim, bool softcap, int64_t window_
   return window_right < 0 || max_seqlen_q >= 1536 ? 3 : 2;
 }
 
+// Whether the Hopper prefill kernel's persistent CTAs take their work items from a global
+// counter (the next untaken item to whichever CTA is free first; FlashParams::item_counter,
+// zeroed on the stream before the launch) rather than a fixed stride: on the 192-row tiles
+// (3 consumers), when there are more items than CTAs (else each CTA has one item and the zeroing
+// buys nothing). Measured on an H100 (bf16, 32/8 heads, D 64, standalone, stride -> counter,
+// TFLOP/s): causal 4 x 4k 396 -> 417, 2 x 8k 465 -> 478; 8 packed sequences of 512-4096 (16k
+// rows) causal 360 -> 383, full 466 -> 479; dense full 4 x 4k 485 -> 488. The 2-consumer tiles
+// keep the stride: handing items to their consumers costs registers those do not have
+// (NOTES-hopper-prefill.md).
+constexpr bool flash_hopper_dynamic_items(int consumers, int64_t items, int64_t ctas) {
+  return consumers == 3 && items > ctas;
+}
+
 // Head dims of the Hopper backward kernel (hopper/flash_bwd_kernel.cuh), which takes the
 // fp16/bf16 backward calls with these head dims on compute capability 9.0 devices in builds with
 // sm_90a code (flash_attention_bwd_hopper_supported checks the device, the build and the
