@@ -232,11 +232,19 @@ def _collectives(model, step):
         arrays = re.findall(r"[a-z]+[0-9]*\[[0-9,]*\]", result)
         if op == "all-gather" and start and len(arrays) > 1:
             arrays = arrays[len(arrays) // 2 :]
-        got += [(op, a) for a in arrays]
+        got += [(op, _squeezed(a)) for a in arrays]
     got.sort()
-    needed = [("all-reduce", hidden)] * (1 + 2 * c.num_hidden_layers)
+    needed = [("all-reduce", _squeezed(hidden))] * (1 + 2 * c.num_hidden_layers)
     needed.append(("all-gather", f"f32[3,{c.vocab_size}]"))
     return got, needed
+
+
+def _squeezed(shape: str) -> str:
+    """An HLO array type without its size-1 dimensions ("f32[3,1,48]" -> "f32[3,48]"): XLA on
+    a GPU drops the decode step's unit axis before its all-reduces, on a CPU it keeps it; the
+    data moved is the same."""
+    dtype, dims = shape[:-1].split("[")
+    return f"{dtype}[{','.join(d for d in dims.split(',') if d != '1')}]"
 
 
 @multi
