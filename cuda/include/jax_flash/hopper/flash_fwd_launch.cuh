@@ -63,8 +63,9 @@ cudaError_t launch_flash_hopper(const FlashParams& p, cudaStream_t stream, const
     tiles = flash_num_tile_slots(p, Tr::kBlockM);
   const int64_t items = tiles * p.num_heads;
   const int grid = static_cast<int>(items < sms ? items : sms);
-  if constexpr (Tr::kConsumers == 3 && !Kv::kPaged) {
-    // Work items from a counter (policy::flash_hopper_dynamic_items), zeroed here first.
+  // Work items from a counter (policy::flash_hopper_dynamic_items), zeroed here first; compiled
+  // only for the tiles the policy can give it (packed calls).
+  if constexpr (!Kv::kPaged && policy::flash_hopper_dynamic_items(Tr::kConsumers, INT64_MAX, 0)) {
     if (p.item_counter != nullptr &&
         policy::flash_hopper_dynamic_items(Tr::kConsumers, items, grid)) {
       err = cudaMemsetAsync(p.item_counter, 0, sizeof(*p.item_counter), stream);
