@@ -119,12 +119,31 @@ def test_rows_seeing_no_key_in_a_tile(platform, rng):
 @pytest.mark.parametrize("sq,skv", [(1601, 1601), (1700, 1543), (1543, 1700)])
 def test_tall_tiles_causal(platform, rng, sq, skv):
     # On Hopper, D 64 calls take 192-row query tiles (three consumer warpgroups) when not masked
-    # or causal with max_seqlen_q >= 1536 (policy::flash_hopper_consumers): lengths off those
-    # tiles, Sq != Skv (the first sq - skv rows see no key).
+    # or causal with max_seqlen_q >= 1536 (policy::flash_hopper_consumers), 96-key tiles when
+    # causal (policy::flash_hopper_causal_tile): lengths off those tiles, Sq != Skv (the first
+    # sq - skv rows see no key).
     o, lse = _dense_case(platform, rng, 1, sq, skv, 4, 2, 64, "bfloat16", causal=True)
     if sq > skv:
         assert np.all(o[:, : sq - skv] == 0)
         assert np.all(np.isneginf(lse[:, :, : sq - skv]))
+
+
+@pytest.mark.parametrize(
+    "d,dv,causal",
+    [(80, 80, True), (80, 80, False), (96, 96, True), (96, 64, False), (64, 80, True)],
+)
+def test_tall_narrow_tiles(platform, rng, d, dv, causal):
+    # On Hopper, the 128 tile computing 80 / 96 columns takes 192 x 96 tiles (three consumer
+    # warpgroups) from max_seqlen_q 3072 / 2048 (policy::flash_hopper_consumers): lengths off
+    # those tiles, Sq != Skv, D != Dv.
+    _dense_case(platform, rng, 1, 3100, 3001, 2, 1, d, "bfloat16", Dv=dv, causal=causal)
+
+
+def test_tall_narrow_tiles_varlen(platform, rng):
+    # Packed sequences on the 192 x 96 tiles of the 96 tile (max_seqlen_q 2100), tiles reaching
+    # into the next sequence, an empty one.
+    q_lens, k_lens = [2100, 0, 130, 1], [2050, 9, 200, 129]
+    _varlen_case(platform, rng, q_lens, k_lens, 2, 1, 96, "float16", tail=3, causal=True)
 
 
 @pytest.mark.parametrize("causal", [False, True])

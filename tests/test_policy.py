@@ -142,14 +142,31 @@ def test_hopper_prefill_tile(d, dv, tile):
         (64, False, (100, 0), 4096, 2),
         (64, True, (-1, -1), 4096, 2),
         (128, False, (-1, -1), 4096, 2),
-        (80, False, (-1, -1), 4096, 2),
+        (112, False, (-1, -1), 16384, 2),
+        (80, False, (-1, -1), 3071, 2),
+        (80, False, (-1, -1), 3072, 3),
+        (80, False, (-1, 0), 4096, 3),
+        (80, True, (-1, 0), 4096, 2),
+        (96, False, (-1, -1), 2047, 2),
+        (96, False, (-1, 0), 2048, 3),
+        (96, False, (64, 0), 4096, 2),
     ],
 )
 def test_hopper_prefill_consumers(tile, softcap, window, max_seqlen_q, consumers):
-    """Three consumer warpgroups (192-row tiles) only on the 64 tile, and there not for short
-    causal calls, sliding windows (taller tiles waste work on masked scores) or soft caps."""
+    """Three consumer warpgroups (192-row tiles) on the 64 tile, and on the 80 / 96 tiles for
+    long calls; not for short causal calls on the 64 tile, sliding windows (taller tiles waste
+    work on masked scores) or soft caps."""
     got = policy.flash_hopper_consumers(tile, softcap, *window, max_seqlen_q)
     assert got == consumers
+
+
+@pytest.mark.parametrize(
+    "tile,consumers,window_right,causal_tile",
+    [(64, 3, 0, True), (64, 3, 7, True), (64, 3, -1, False), (64, 2, 0, False), (96, 3, 0, False)],
+)
+def test_hopper_prefill_causal_tile(tile, consumers, window_right, causal_tile):
+    """The 64 tile's 3-consumer calls with a right-bounded mask take its 96-key variant."""
+    assert policy.flash_hopper_causal_tile(tile, consumers, window_right) == causal_tile
 
 
 PAGED = policy.PAGED_CHOICES

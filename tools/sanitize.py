@@ -113,13 +113,17 @@ def _driver(quick: bool, platform: str, ops: tuple[str, ...] = OPS) -> int:
         (f32, 1, 33, 50, 4, 4, 64, 64, dict(sliding_window=(7, 3))),  # CUDA cores
         # Hopper: 192-row tiles (3 consumers); 288 work items (more than SMs) from a counter
         (bf16, 2, 401, 350, 48, 8, 64, 64, dict()),
+        # Hopper: 192 x 96 tiles (3 consumers) of the 64 tile (causal, max_seqlen_q >= 1536) and
+        # of the 96 tile (max_seqlen_q >= 2048)
+        (bf16, 1, 1536, 1500, 12, 4, 64, 64, dict(causal=True)),
+        (f16, 1, 2048, 2001, 4, 1, 96, 96, dict(causal=True)),
         (f16, 2, 45, 130, 4, 1, 64, 64, dict(logits_soft_cap=20.0, causal=True)),
         (bf16, 1, 17, 17, 2, 2, 256, 256, dict(sliding_window=(4, 0))),
         (f16, 2, 29, 61, 3, 1, 96, 96, dict()),  # a head dim without tensor-core tiles
         (bf16, 1, 40, 40, 2, 1, 64, 128, dict(causal=True)),  # Dv != D
         (f32, 3, 1, 300, 8, 2, 128, 128, dict()),
     ]
-    for dtype, B, Sq, Skv, Hq, Hkv, D, Dv, opts in cases("flash_attention", dense, 3):
+    for dtype, B, Sq, Skv, Hq, Hkv, D, Dv, opts in cases("flash_attention", dense, 5):
         q, k = normal((B, Sq, Hq, D), dtype), normal((B, Skv, Hkv, D), dtype)
         v = normal((B, Skv, Hkv, Dv), dtype)
         lens = dict(

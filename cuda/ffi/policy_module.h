@@ -106,6 +106,11 @@ inline void def_policy_module(nanobind::module_& parent) {
                                                 max_seqlen_q);
         },
         "tile_dim"_a, "softcap"_a, "window_left"_a, "window_right"_a, "max_seqlen_q"_a);
+  m.def("flash_hopper_causal_tile",
+        [](int tile_dim, int consumers, int64_t window_right) {
+          return policy::flash_hopper_causal_tile(tile_dim, consumers, window_right);
+        },
+        "tile_dim"_a, "consumers"_a, "window_right"_a);
   m.def(
       "flash_kernel_choice",
       [](const std::string& dtype, int64_t d, int64_t dv, float softmax_scale, float softcap) {

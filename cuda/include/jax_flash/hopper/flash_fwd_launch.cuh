@@ -91,12 +91,18 @@ cudaError_t run_flash_attention_hopper(const FlashParams& p, cudaStream_t stream
   static_assert(kIsHalfOrBFloat16<T>, "float16 or bfloat16");
   const bool softcap = p.softcap > 0.f;
   // Tiles the policy may give three consumers (full attention is their widest use) compile that
-  // variant too (HopperDefaultTraits<kHeadDim, 3>).
+  // variant too (HopperDefaultTraits<kHeadDim, 3>), and its causal one where the policy has it.
   if constexpr (policy::flash_hopper_consumers(kHeadDim, false, -1, -1, INT32_MAX) == 3) {
     if (policy::flash_hopper_consumers(kHeadDim, softcap, p.window_left, p.window_right,
-                                       p.max_seqlen_q) == 3)  // never with a soft cap
+                                       p.max_seqlen_q) == 3) {  // never with a soft cap
+      if constexpr (policy::flash_hopper_causal_tile(kHeadDim, 3, 0)) {
+        if (policy::flash_hopper_causal_tile(kHeadDim, 3, p.window_right))
+          return hopper::launch_flash_hopper<
+              T, typename hopper::HopperDefaultTraits<kHeadDim, 3, true>::type, false>(p, stream);
+      }
       return hopper::launch_flash_hopper<
           T, typename hopper::HopperDefaultTraits<kHeadDim, 3>::type, false>(p, stream);
+    }
   }
   using Tr = typename hopper::HopperDefaultTraits<kHeadDim>::type;
   return dispatch_bool(softcap, [&](auto softcap_c) {

@@ -81,19 +81,26 @@ struct HopperTraits {
 // extra live registers (S beside P and O) spill 192 bytes: measured on an H100 (bf16, 2 x 4k
 // causal, 32/8 heads) it runs at 605 TFLOP/s against 536 without the overlap.
 //
-// kConsumers: policy::flash_hopper_consumers (3 only on the 64 tile).
-template <int kHeadDim, int kConsumers = 2>
+// kConsumers: policy::flash_hopper_consumers (3 on the 64, 80 and 96 tiles); kCausal:
+// policy::flash_hopper_causal_tile (the 64 tile's 3-consumer causal calls).
+template <int kHeadDim, int kConsumers = 2, bool kCausal = false>
 struct HopperDefaultTraits;
 template <>
 struct HopperDefaultTraits<64> {
   using type = HopperTraits<64, 128, 3, true>;
 };
 // 192 x 128 tiles: 88 bytes of spills (8 with 2 consumers), no wgmma serialization. Against
-// 192 x 96 (faster on long causal calls by <= 5%, slower on full ones) and 192 x 64 with 4 stages
-// (slower everywhere) on an H100.
+// 192 x 96 (faster on causal calls, below; within -3..+3% on full ones) and 192 x 64 with 4
+// stages (slower everywhere) on an H100.
 template <>
 struct HopperDefaultTraits<64, 3> {
   using type = HopperTraits<64, 128, 3, true, true, 64, 3>;
+};
+// Causal: 192 x 96 tiles in a 4-deep ring (72 bytes of spills), 4-6% faster than 192 x 128 on
+// causal calls of 1k-16k rows (policy::flash_hopper_causal_tile).
+template <>
+struct HopperDefaultTraits<64, 3, true> {
+  using type = HopperTraits<64, 96, 4, true, true, 64, 3>;
 };
 template <>
 struct HopperDefaultTraits<128> {
@@ -111,6 +118,17 @@ struct HopperDefaultTraits<80> {
 template <>
 struct HopperDefaultTraits<96> {
   using type = HopperTraits<128, 128, 2, true, true, 96>;
+};
+// Long calls (policy::flash_hopper_consumers): 192 x 96 tiles, 2-deep ring (the 192 x 128 ones
+// serialize their wgmma for want of registers; a 3-deep ring was slower). Spills: 176-204 bytes
+// at 80 columns, 200-224 at 96.
+template <>
+struct HopperDefaultTraits<80, 3> {
+  using type = HopperTraits<128, 96, 2, true, true, 80, 3>;
+};
+template <>
+struct HopperDefaultTraits<96, 3> {
+  using type = HopperTraits<128, 96, 2, true, true, 96, 3>;
 };
 template <>
 struct HopperDefaultTraits<112> {

@@ -46,20 +46,39 @@ constexpr int flash_hopper_tile_dim(int64_t head_dim, int64_t head_dim_v) {
 }
 
 // Consumer warpgroups (64 query rows each) of the Hopper prefill kernel's tile for a dense or
-// varlen call: 3 on the 64 tile (192 query rows: two softmaxes run while a third warpgroup's
-// GEMMs use the tensor cores, which the 64-wide tile's short GEMMs need) unless masking makes its
-// taller tiles waste work: causal (window_right >= 0 without a left window) with
-// max_seqlen_q < 1536, or a sliding window (window_left >= 0; not measured), and not with a soft
-// cap (its 3-consumer variant spills 184 bytes; not measured). The 128-wide and
-// wider tiles keep 2: with 512 threads ptxas serializes their wgmma. Measured on an H100 (bf16,
-// 32/8 heads, standalone, 2 -> 3 consumers, TFLOP/s): full 32 x 512 298 -> 330, 16 x 1k
-// 348 -> 392, 4 x 4k 405 -> 487; causal 32 x 512 190 -> 173, 16 x 1k 260 -> 239, 2 x 1536
-// 242 -> 258, 8 x 2k 323 -> 328, 4 x 4k 365 -> 398, 2 x 8k 398 -> 454, 1 x 16k 411 -> 469; D 128
-// 4 x 4k causal 595 -> 246. Paged multi-token queries keep 2.
+// varlen call: 3 (192 query rows: two softmaxes run while a third warpgroup's GEMMs use the
+// tensor cores, which short GEMMs need) on the 64 tile unless masking makes its taller tiles
+// waste work (causal, i.e. window_right >= 0 without a left window, with max_seqlen_q < 1536),
+// and on the 80 and 96 tiles (the 128 tile computing 80 / 96 columns) from max_seqlen_q 3072 /
+// 2048; 2 with a sliding window (window_left >= 0; not measured) or a soft cap (its 3-consumer
+// variant spills 184 bytes; not measured). The 112 tile and wider keep 2: with 512 threads
+// ptxas serializes their wgmma, and 3 consumers on the 112 tile were slower everywhere. Paged
+// multi-token queries keep 2. Measured on an H100 (bf16, 32/8 heads, standalone, 2 -> 3
+// consumers, TFLOP/s): D 64 full 32 x 512 298 -> 330, 16 x 1k 348 -> 392, 4 x 4k 405 -> 487;
+// causal 32 x 512 190 -> 173, 16 x 1k 260 -> 239, 2 x 1536 242 -> 258, 8 x 2k 323 -> 328,
+// 4 x 4k 365 -> 398, 2 x 8k 398 -> 454, 1 x 16k 411 -> 469; D 128 4 x 4k causal 595 -> 246.
+// D 96 (192 x 96 tiles, causal / full): 16 x 1k - / 413 -> 417, 8 x 2k 411 -> 416 / 483 -> 514,
+// 6 x 3k 452 -> 497 / 525 -> 576, 4 x 4k 481 -> 494 / 523 -> 559, 2 x 8k 519 -> 568 / 518 -> 569,
+// 1 x 16k causal 525 -> 586. D 80: 16 x 1k 309 -> 252 / 412 -> 363, 8 x 2k 380 -> 364 / 449 ->
+// 443, 6 x 3k 411 -> 432 / 480 -> 501, 4 x 4k 431 -> 429 / 470 -> 484, 2 x 8k causal 461 -> 491,
+// 1 x 16k causal 480 -> 514. D 112 (192 x 64 tiles, its best) 4 x 4k 532 -> 485 / 573 -> 536.
 constexpr int flash_hopper_consumers(int tile_dim, bool softcap, int64_t window_left,
                                      int64_t window_right, int64_t max_seqlen_q) {
-  if (tile_dim != 64 || softcap || window_left >= 0) return 2;
-  return window_right < 0 || max_seqlen_q >= 1536 ? 3 : 2;
+  if (softcap || window_left >= 0) return 2;
+  if (tile_dim == 64) return window_right < 0 || max_seqlen_q >= 1536 ? 3 : 2;
+  if (tile_dim == 80) return max_seqlen_q >= 3072 ? 3 : 2;
+  if (tile_dim == 96) return max_seqlen_q >= 2048 ? 3 : 2;
+  return 2;
+}
+
+// Whether a 3-consumer call runs the causal variant of its tile (HopperDefaultTraits<.., 3,
+// true>): on the 64 tile, masks bounded on the right (causal) take 96-key tiles in a 4-deep
+// ring, whose diagonal tiles waste fewer keys; full attention keeps 128-key tiles. Measured on an
+// H100 (bf16, 32/8 heads, standalone, 192 x 128 -> 192 x 96, TFLOP/s): causal 16 x 1k 243 -> 259,
+// 8 x 2k 351 -> 368, 6 x 3k 414 -> 434, 4 x 4k 417 -> 440, 2 x 8k 482 -> 500, 1 x 16k 507 ->
+// 533; full 8 x 2k 462 -> 446, 6 x 3k 492 -> 511, 4 x 4k 487 -> 483, 2 x 8k 528 -> 533.
+constexpr bool flash_hopper_causal_tile(int tile_dim, int consumers, int64_t window_right) {
+  return tile_dim == 64 && consumers == 3 && window_right >= 0;
 }
 
 // Whether the Hopper prefill kernel's persistent CTAs take their work items from a global
