@@ -20,7 +20,9 @@
 //           float32 accumulator by a TMA reduce-add (HopperBwdTraits::kDqReduceTma; else, and
 //           for a sequence's last, partial query block, per-thread atomics) (deterministic mode:
 //           in ascending key-block order, per-(head, query tile) turn counters and the visit
-//           order of flash_bwd_visit, as in the mma.sync kernel).
+//           order of flash_bwd_visit, as in the mma.sync kernel; a visit's turn is passed on in
+//           the next visit, before that one's turn is waited for, so that the wait for the
+//           reduce-add's completion overlaps the next visit's GEMMs).
 // dK/dV stay in registers across all visits (no atomics for them); the epilogue scales dK and
 // writes both for the block's keys.
 //
@@ -204,6 +206,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const uint32_t k_rows = sK + 64 * cw * 128;  // this warpgroup's 64 keys (K-major A)
   const uint32_t v_rows = sV + 64 * cw * 128;
 
+  // Deterministic mode: the dQ turn of the last visit, passed on in the next visit once its
+  // reduce-add has completed (below), so that the wait for that completion overlaps this
+  // visit's S / dP GEMMs and softmax instead of stalling the block at the end of the last one.
+  int32_t* held_turn = nullptr;
   for (int it = 0; it < v.items; ++it) {
     const int stage = it % S;
     const int phase = (it / S) & 1;
@@ -334,9 +340,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // first that visits it).
     fence_proxy_async();
     int32_t* turn = nullptr;
-    if constexpr (kDeterministic) turn = flash_bwd_take_dq_turn(ws, v.kt, h, m, lo, BN, ctid == 0);
-    // The last visit's dQ reduce-add has read this warpgroup's staging (rewritten below).
-    if (dq_issuer) bulk_wait_read<0>();
+    if constexpr (kDeterministic) {
+      // The last visit's dQ shares added (its reduce-add completed, every thread's atomics
+      // issued): its turn passes to the next key block before this one is waited for.
+      if (dq_issuer) bulk_wait<0>();
+      named_sync(1, 256);
+      if (ctid == 0) flash_bwd_pass_dq_turn(held_turn);
+      turn = flash_bwd_take_dq_turn(ws, v.kt, h, m, lo, BN, ctid == 0);
+      held_turn = turn;
+    } else if (dq_issuer) {
+      bulk_wait_read<0>();  // the last visit's dQ reduce-add has read the staging rewritten below
+    }
     named_sync(1, 256);
 
     // dQ (unscaled) = dS K for head-dim panel cw: A = dS^T read MN-major (m = queries,
@@ -404,14 +418,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         }
       }
     }
-    if constexpr (kDeterministic) {
-      if (dq_issuer) bulk_wait<0>();  // the reduce-add has completed
-      named_sync(1, 256);             // every thread's adds issued
-      if (ctid == 0) flash_bwd_pass_dq_turn(turn);
-    }
   }
-  // Shared memory must outlive the reduce-adds that read it.
+  // Shared memory must outlive the reduce-adds that read it; the last turn passes on once they
+  // have completed.
   if (dq_issuer) bulk_wait<0>();
+  if constexpr (kDeterministic) {
+    named_sync(1, 256);
+    if (ctid == 0) flash_bwd_pass_dq_turn(held_turn);
+  }
 
   // Epilogue: dK (scaled) and dV of this thread's key rows, straight from the fragments
   // (element i: key row kr + 8 * (i / 2 % 2), column 8 * (i / 4) + 2 * t + i % 2).
