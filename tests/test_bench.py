@@ -323,3 +323,27 @@ def test_module_entry_point_runs():
     )
     assert done.returncode == 0, done.stderr
     assert "prefill" in done.stdout and "--no-save" in done.stdout
+
+
+def test_use_build_imports_the_named_build(tmp_path):
+    """tools/gpu/use_build.py: the command it runs imports jax_flash from the folder named, not
+    from the install of the environment (an editable one included), as module and as script."""
+    import pathlib
+    import subprocess
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    fake = tmp_path / "build" / "jax_flash"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("MARK = 'the other build'\n")
+    (tmp_path / "build" / "show_mark.py").write_text(
+        "import sys, jax_flash\nprint(jax_flash.MARK, sys.argv[1:])\n"
+    )
+    tool = str(root / "tools" / "gpu" / "use_build.py")
+    build = str(tmp_path / "build")
+    for how in (["-m", "show_mark"], [str(tmp_path / "build" / "show_mark.py")]):
+        done = subprocess.run(
+            [sys.executable, tool, build, *how, "--flag", "1"], capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "the other build ['--flag', '1']"
+        assert f"jax_flash from {fake / '__init__.py'}" in done.stderr
