@@ -26,9 +26,7 @@ def use_build(build_dir: str) -> str:
         f for f in sys.meta_path if type(f).__name__ != "ScikitBuildRedirectingFinder"
     ]
     sys.path.insert(0, os.path.abspath(build_dir))
-    for name in [m for m in sys.modules if m == "jax_flash" or m.startswith("jax_flash.")]:
-        del sys.modules[name]
-    import jax_flash
+    import jax_flash  # first imported here: the editable install's .pth loads only its finder
 
     return jax_flash.__file__
 
