@@ -15,6 +15,9 @@
 //     P^T = exp2(S^T * scale * log2 e - lse * log2 e), masked; dS^T = P^T (dP^T - Delta)
 //           (times 1 - tanh^2 under a soft cap)
 //     dV += P^T dO, dK += dS^T Q       wgmma rs (P^T / dS^T register fragments, dO / Q MN-major)
+//     (HopperBwdTraits::kOverlapDkv: issued in the order S, dP, dV, dQ, dK, so that dV runs
+//     under the dS barrier and dK while dQ is staged for its reduce-add; deterministic: S, dP,
+//     dV, dK, dQ, dV and dK running while the CTA waits for its dQ turn)
 //     dS^T stored to shared memory; dQ = dS K   wgmma ss with both operands MN-major, split by
 //           64-column panels over the warpgroups, staged in shared memory and added to the
 //           float32 accumulator by a TMA reduce-add (HopperBwdTraits::kDqReduceTma; else, and
@@ -272,6 +275,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
       return pv;
     };
+    uint32_t pa[BM / 16][4], da[BM / 16][4];
     if constexpr (kSoftcap) {
       // dS needs tanh of each score, which P overwrites: both GEMMs first, then one pass.
       wgmma_wait<0>();
@@ -296,10 +300,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       for (int i = 0; i < BM / 2; ++i)
         dp[i] = s[i] * (dp[i] - delta_st[8 * (i / 4) + 2 * t + i % 2]);
     }
-
-    // A fragments of P^T and dS^T (k16 step kk over the queries), and dS^T to shared memory
-    // for dQ: key row r, query columns 8j + 2t, +1 in the 128-byte-swizzled [BN][BM] buffer.
-    uint32_t pa[BM / 16][4], da[BM / 16][4];
+    // A fragments of P^T and dS^T (k16 step kk over the queries).
 #pragma unroll
     for (int kk = 0; kk < BM / 16; ++kk) {
 #pragma unroll
@@ -308,6 +309,45 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         da[kk][q] = pack2<T>(dp[8 * kk + 2 * q], dp[8 * kk + 2 * q + 1]);
       }
     }
+
+    // dV += P^T dO and dK += dS^T Q (dO / Q read MN-major: k = query rows, n = head dim).
+    // kOverlapDkv (bwd_tile_config.cuh): dV is issued here, to run under the dS stores and the
+    // barrier below (issued before dS is computed it would overlap that too, but P^T's
+    // fragments then live beside the S / dP accumulators: at head dim 128 the registers do not
+    // suffice and ptxas serializes every wgmma); the deterministic mode issues dK with it, to
+    // run while the CTA waits for its dQ turn, the fast mode after dQ, to run while dQ is
+    // staged. Otherwise both are issued after the dS stores, as one commit group.
+    auto fence_dkv = [&] {
+      reg_fence(acc_dk);
+      reg_fence(acc_dv);
+      reg_fence(pa);
+      reg_fence(da);
+    };
+    auto issue_dkv = [&](bool dv, bool dk) {
+      if (dv && dk) {
+        fence_dkv();
+      } else {
+        reg_fence(dv ? acc_dv : acc_dk);
+        reg_fence(dv ? pa : da);
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk) {
+        if (dv)
+          Wgmma<T, D>::rs(acc_dv, pa[kk], smem_desc_sw128(do_st + kk * 16 * 128, Tr::kPanelQ, 1024));
+        if (dk)
+          Wgmma<T, D>::rs(acc_dk, da[kk], smem_desc_sw128(q_st + kk * 16 * 128, Tr::kPanelQ, 1024));
+      }
+      wgmma_commit();
+    };
+    constexpr bool kDkAfterDq = Tr::kOverlapDkv && !kDeterministic;
+    if constexpr (Tr::kOverlapDkv) {
+      issue_dkv(true, false);
+      if constexpr (kDeterministic) issue_dkv(false, true);
+    }
+
+    // dS^T to shared memory for dQ: key row r, query columns 8j + 2t, +1 in the
+    // 128-byte-swizzled [BN][BM] buffer.
 #pragma unroll
     for (int j = 0; j < BM / 8; ++j) {
 #pragma unroll
@@ -317,23 +357,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                       da[j / 2][2 * (j % 2) + hf]);
       }
     }
-
-    // dV += P^T dO, dK += dS^T Q (dO / Q read MN-major: k = query rows, n = head dim).
-    // fence_dkv: the registers these GEMMs read and write, pinned around their issue and wait.
-    auto fence_dkv = [&] {
-      reg_fence(acc_dk);
-      reg_fence(acc_dv);
-      reg_fence(pa);
-      reg_fence(da);
-    };
-    fence_dkv();
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk) {
-      Wgmma<T, D>::rs(acc_dv, pa[kk], smem_desc_sw128(do_st + kk * 16 * 128, Tr::kPanelQ, 1024));
-      Wgmma<T, D>::rs(acc_dk, da[kk], smem_desc_sw128(q_st + kk * 16 * 128, Tr::kPanelQ, 1024));
-    }
-    wgmma_commit();
+    if constexpr (!Tr::kOverlapDkv) issue_dkv(true, true);
 
     // Both warpgroups' dS^T staged, both past visit it - 1 (and, deterministic, the key blocks
     // before this one have added their dQ shares of this (head, query block): lo / BN is the
@@ -367,12 +391,18 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
       wgmma_commit();
     }
+    if constexpr (kDkAfterDq) issue_dkv(false, true);
     // Every thread is past visit it - 1: its stage takes the loads of visit it + S - 1. Here,
     // under the GEMMs in flight, so that the first warp's wait for its lse/Delta loads delays
     // no GEMM issue.
     if (warp == 0 && it + S - 1 < v.items) issue_loads(it + S - 1);
-    wgmma_wait<0>();
-    fence_dkv();
+    wgmma_wait<kDkAfterDq ? 1 : 0>();  // dV and dQ (and dK unless it runs under the staging)
+    if constexpr (Tr::kOverlapDkv) {
+      reg_fence(acc_dv);
+      reg_fence(pa);
+    } else {
+      fence_dkv();
+    }
     if (cw < Tr::kDqWarpgroups && Tr::kDqReduceTma && rows == BM) {
       // A whole query block: dQ's 64 x 64 panel staged in shared memory (two 128-byte-swizzled
       // boxes of 32 float32 columns) and added to the accumulator by one TMA reduce-add.
@@ -417,6 +447,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
               mma_bwd::add_f32x2(dst + 8 * j, dq[4 * j + 2 * hf], dq[4 * j + 2 * hf + 1]);
         }
       }
+    }
+    if constexpr (Tr::kOverlapDkv) {
+      // dK done before the next visit's S and dP accumulators are live (with dK's in flight
+      // too, the registers do not suffice at head dim 128 and ptxas serializes the wgmmas).
+      wgmma_wait<0>();
+      reg_fence(acc_dk);
+      reg_fence(da);
     }
   }
   // Shared memory must outlive the reduce-adds that read it; the last turn passes on once they
