@@ -140,16 +140,33 @@ def attention(
     (+ lse [B,Hq,Sq] float32). Lengths are clipped to [0, S]; rows past q_seqlens are zero.
 
     ``compute_dtype`` other than float32 runs the whole computation (scores, softmax, P@V) in that
-    dtype: the tests use it to measure the error a plain same-dtype jnp attention makes."""
+    dtype: the tests use it to measure the error a plain same-dtype jnp attention makes.
+
+    Called outside any transformation, it runs as one jitted computation compiled without XLA's
+    excess precision (`_jit_exact`)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    left, right = normalize_window(causal, sliding_window)
+    opts = dict(
+        scale=scale,
+        left=left,
+        right=right,
+        softcap=float(logits_soft_cap) if logits_soft_cap else 0.0,
+        return_lse=bool(return_lse),
+        compute_dtype=jnp.dtype(compute_dtype),
+    )
+    run = _attention_jit if _untraced(q, k, v, q_seqlens, kv_seqlens) else _attention
+    return run(q, k, v, q_seqlens, kv_seqlens, **opts)
+
+
+def _attention(q, k, v, q_seqlens, kv_seqlens, *, scale, left, right, softcap, return_lse,
+               compute_dtype):  # fmt: skip
     B, Sq, Hq, D = q.shape
     Skv, Hkv = k.shape[1], k.shape[2]
-    scale = 1.0 / math.sqrt(D) if softmax_scale is None else float(softmax_scale)
-    left, right = normalize_window(causal, sliding_window)
     g = Hq // Hkv
     qf = q.astype(compute_dtype)
     kf = jnp.repeat(k.astype(compute_dtype), g, axis=2)
     vf = jnp.repeat(v.astype(compute_dtype), g, axis=2)
-    s = _scores(qf, kf, scale, logits_soft_cap)  # [B, Hq, Sq, Skv]
+    s = _scores(qf, kf, scale, softcap)  # [B, Hq, Sq, Skv]
 
     qlen = jnp.full((B,), Sq, jnp.int32) if q_seqlens is None else jnp.clip(q_seqlens, 0, Sq)
     klen = jnp.full((B,), Skv, jnp.int32) if kv_seqlens is None else jnp.clip(kv_seqlens, 0, Skv)
@@ -170,6 +187,28 @@ def attention(
     return (o, lse) if return_lse else o
 
 
+def _jit_exact(fn, static_argnames):
+    """fn as one jitted computation that rounds every step to its dtype as op-by-op execution
+    does (XLA's excess precision off: bit-identical to op by op but for tanh, which XLA's fused
+    code computes within an ulp or two of the standalone op's; tests/test_flash_attention.py
+    checks both), with one compile per shape instead of one per op (most of the time the tests
+    spent in the reference on a CPU). Compiler options only apply to a top-level jit: inside a
+    transformation the caller traces fn itself (`_untraced`)."""
+    return jax.jit(
+        fn, static_argnames=static_argnames, compiler_options={"xla_allow_excess_precision": False}
+    )
+
+
+def _untraced(*args) -> bool:
+    """No argument is a tracer: the call is not inside jit, grad, vmap or another trace."""
+    return not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(args))
+
+
+_attention_jit = _jit_exact(
+    _attention, ("scale", "left", "right", "softcap", "return_lse", "compute_dtype")
+)
+
+
 def attention_packed(
     q,
     k,
@@ -187,7 +226,22 @@ def attention_packed(
 ):
     """Packed reference with the kernels' exact semantics (cuda/include/jax_flash/flash_params.h):
     q [Tq,Hq,D], k [Tk,Hkv,D], v [Tk,Hkv,Dv], starts/ends [B] int32 (clamped like the kernels)
-    -> (o [Tq,Hq,Dv] in q's dtype, lse [Hq,Tq] float32). Rows owned by no sequence are zero."""
+    -> (o [Tq,Hq,Dv] in q's dtype, lse [Hq,Tq] float32). Rows owned by no sequence are zero.
+    Called outside any transformation, it runs as one jitted computation (`_jit_exact`)."""
+    args = (q, k, v, q_starts, q_ends, k_starts, k_ends)
+    run = _attention_packed_jit if _untraced(*args) else _attention_packed
+    return run(
+        *args,
+        softmax_scale=float(softmax_scale),
+        softcap=float(softcap),
+        window_left=int(window_left),
+        window_right=int(window_right),
+        max_seqlen_q=int(max_seqlen_q),
+    )
+
+
+def _attention_packed(q, k, v, q_starts, q_ends, k_starts, k_ends, *, softmax_scale, softcap,
+                      window_left, window_right, max_seqlen_q):  # fmt: skip
     Tq, Hq, _ = q.shape
     Tk, Hkv, _ = k.shape
     g = Hq // Hkv
@@ -216,6 +270,11 @@ def attention_packed(
     o, denom, lse = _softmax_attend(s, visible, vf, "hqk,khd->qhd")
     o = o / jnp.where(denom > 0, denom, 1.0).transpose(1, 0, 2)
     return o.astype(q.dtype), lse
+
+
+_attention_packed_jit = _jit_exact(
+    _attention_packed, ("softmax_scale", "softcap", "window_left", "window_right", "max_seqlen_q")
+)
 
 
 def attention_varlen(

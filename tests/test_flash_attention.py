@@ -429,6 +429,37 @@ def test_xla_implementation_is_reference(rng):
     np.testing.assert_array_equal(out, reference.attention(q, k, v, causal=True))
 
 
+@pytest.mark.parametrize("softcap", [None, 5.0])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_reference_rounds_as_op_by_op(rng, dtype, softcap):
+    # Outside a transformation the reference runs as one jitted computation (one compile per
+    # shape) with XLA's excess precision off, so that a same-dtype run still rounds every step
+    # to its dtype: it equals op-by-op execution bit for bit (the tolerances of every test scale
+    # with that run's error), but for the soft cap's tanh, which XLA's fused code computes
+    # within an ulp or two of the standalone op's.
+    dt = DTYPES[dtype]
+    q = randn(rng, (2, 37, 4, 32), dt)
+    k, v = (randn(rng, (2, 53, 2, 32), dt) for _ in range(2))
+    lens = jnp.asarray([53, 20], jnp.int32)
+    opts = dict(causal=True, logits_soft_cap=softcap, return_lse=True)
+    cu = jnp.asarray([0, 37, 74], jnp.int32)
+    packed = (q.reshape(74, 4, 32), k.reshape(106, 2, 32), v.reshape(106, 2, 32))
+    runs = []
+    for op_by_op in (True, False):
+        with jax.disable_jit(op_by_op):
+            same = reference.attention(q, k, v, kv_seqlens=lens, compute_dtype=dt, **opts)
+            f32 = reference.attention(q, k, v, kv_seqlens=lens, **opts)
+            var = reference.attention_varlen(*packed, cu, cu, **opts)
+        leaves = jax.tree_util.tree_leaves((same, f32, var))
+        runs.append([np.asarray(x, np.float32) for x in leaves])
+    eps = float(jnp.finfo(dt).eps)
+    for a, b in zip(*runs, strict=True):
+        if softcap is None:
+            np.testing.assert_array_equal(a, b)
+        else:
+            np.testing.assert_allclose(a, b, rtol=4 * eps, atol=4 * eps)
+
+
 def test_default_implementation_runs_natively(rng):
     q, k, v = (randn(rng, (1, 17, 2, 64), jnp.float32) for _ in range(3))
     hlo = jax.jit(jax_flash.flash_attention).lower(q, k, v).as_text()
