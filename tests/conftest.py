@@ -43,6 +43,15 @@ def _cuda_skip_reason():
 
 CUDA_SKIP = _cuda_skip_reason()
 
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` where a GPU is visible: one worker per two cores (tools/parallel_tests.py's
+    default, which the 16-core GPU machines have run many times), not one per core: each worker
+    holds its own CUDA context and its compiles' host memory. Elsewhere xdist's default."""
+    del config
+    return max(1, (os.cpu_count() or 2) // 2) if CUDA_SKIP is None else None
+
+
 _ON_GPU = pytest.mark.skipif(CUDA_SKIP is not None, reason=str(CUDA_SKIP))
 PLATFORMS = ["cpu", pytest.param("cuda", marks=_ON_GPU)]
 # The paged decode attention has two CUDA kernels; tests of it run each one (PagedLaunch).
