@@ -24,8 +24,8 @@ _TILING_ONLY = "a Hopper tiling / scheduling case; the CPU kernel's are covered 
 
 
 def _cpu_runs_only(platform, keep: bool):
-    """Skips the parametrisations of a tiling case other than `keep` on the CPU kernel, which
-    has no such tiles (each tens of seconds of CI's two cores): one of them still checks it."""
+    """Skips a tiling case's parametrisation on the CPU kernel, which has no such tiles (each
+    tens of seconds of CI's two cores), unless `keep`: the one kept still checks the kernel."""
     if platform.name == "cpu" and not keep:
         pytest.skip(_TILING_ONLY)
 
@@ -155,8 +155,7 @@ def test_tall_narrow_tiles(platform, rng, d, dv, causal):
 def test_tall_narrow_tiles_varlen(platform, rng):
     # Packed sequences on the 192 x 96 tiles of the 96 tile (max_seqlen_q 2100), tiles reaching
     # into the next sequence, an empty one.
-    if platform.name == "cpu":
-        pytest.skip(_TILING_ONLY)
+    _cpu_runs_only(platform, keep=False)
     q_lens, k_lens = [2100, 0, 130, 1], [2050, 9, 200, 129]
     _varlen_case(platform, rng, q_lens, k_lens, 2, 1, 96, "float16", tail=3, causal=True)
 
@@ -177,8 +176,7 @@ def test_tall_tiles_dynamic_items(platform, rng, causal):
     # mixed lengths, empty ones among them (29 query tiles x 16 heads: 464 items), and 3 x 1601
     # dense (432 items). Each item is computed the same way whichever CTA takes it, so two runs
     # agree bit for bit.
-    if platform.name == "cpu":
-        pytest.skip(_TILING_ONLY)
+    _cpu_runs_only(platform, keep=False)
     q_lens = [1601, 0, 777, 1, 1536, 64, 0, 900]
     k_lens = [1601, 3, 777, 129, 1536, 64, 0, 1000]
     _varlen_case(platform, rng, q_lens, k_lens, 16, 4, 64, "bfloat16", causal=causal)

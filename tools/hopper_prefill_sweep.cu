@@ -121,6 +121,15 @@ void variant(Call& c, const char* name) {
 
 }  // namespace
 
+// The 128 tile computing D = 80 / 96 columns: 2 consumers on 128 x 128 tiles, 3 on 192 x 96.
+template <int D>
+void narrow_variants(Call& c) {
+  library<D>(c);
+  variant<HopperTraits<128, 128, 2, true, true, D>>(c, "2c 128x128 st2");
+  variant<HopperTraits<128, 96, 2, true, true, D, 3>>(c, "3c 192x96 st2");
+  variant<HopperTraits<128, 96, 3, true, true, D, 3>>(c, "3c 192x96 st3");
+}
+
 int main(int argc, char** argv) {
   if (argc != 5) {
     std::printf("usage: %s B S causal(0/1) D(64/80/96/112/128)\n", argv[0]);
@@ -178,16 +187,10 @@ int main(int argc, char** argv) {
       variant<HopperTraits<64, 96, 4, true, true, 64, 3>>(c, "3c 192x96 st4");
       break;
     case 80:
-      library<80>(c);
-      variant<HopperTraits<128, 128, 2, true, true, 80>>(c, "2c 128x128 st2");
-      variant<HopperTraits<128, 96, 2, true, true, 80, 3>>(c, "3c 192x96 st2");
-      variant<HopperTraits<128, 96, 3, true, true, 80, 3>>(c, "3c 192x96 st3");
+      narrow_variants<80>(c);
       break;
     case 96:
-      library<96>(c);
-      variant<HopperTraits<128, 128, 2, true, true, 96>>(c, "2c 128x128 st2");
-      variant<HopperTraits<128, 96, 2, true, true, 96, 3>>(c, "3c 192x96 st2");
-      variant<HopperTraits<128, 96, 3, true, true, 96, 3>>(c, "3c 192x96 st3");
+      narrow_variants<96>(c);
       break;
     case 112:
       library<112>(c);
