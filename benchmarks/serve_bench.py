@@ -50,7 +50,7 @@ from e2e_bench import LLAMA_1B, TINY  # noqa: E402
 from jax_flash import bench  # noqa: E402
 from jax_flash.bench import device as bench_device  # noqa: E402
 from jax_flash.models import LlamaForCausalLM, generate  # noqa: E402
-from jax_flash.nn import pages_needed  # noqa: E402
+from jax_flash.nn import MIN_DECODE_ROWS, pages_needed  # noqa: E402
 from jax_flash.serve import Engine  # noqa: E402
 from jax_flash.serve.engine import _device_step  # noqa: E402
 
@@ -196,7 +196,7 @@ def measure_decode(model, engine, args):
 
     def capture(shape, plan):  # keep the inputs of a decode-only step, to replay it
         ints, floats = pack(shape, plan)
-        if shape.num_chunks == 0 and shape.num_decode == 1:
+        if shape.num_chunks == 0:  # the lone request's row (in the smallest decode bucket)
             captured.update(shape=shape, ints=ints, floats=floats)
         return ints, floats
 
@@ -355,8 +355,9 @@ def main():
             json.dump(record, f, indent=1)
 
     res = record["results"]
-    # One engine for every phase (decode rows padded to 1 or max_batch: fewer compilations).
-    engine = Engine(model, decode_buckets=[1], **engine_kw)
+    # One engine for every phase (decode rows padded to MIN_DECODE_ROWS or max_batch: fewer
+    # compilations).
+    engine = Engine(model, decode_buckets=[min(MIN_DECODE_ROWS, args.max_batch)], **engine_kw)
     res["engine_compile_s"] = engine.warmup(sampling=False)
     print(f"engine compiled in {res['engine_compile_s']:.1f} s")
     if "decode" not in args.skip:

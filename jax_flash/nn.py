@@ -142,6 +142,13 @@ class FusedLinear(nnx.Module):
         return y if self.bias is None else y + self.bias[...].astype(self.dtype)
 
 
+# Decode steps of jax_flash's drivers (`jax_flash.models.generate`, the serving engine) run at
+# least this many rows, padding with inactive ones: a one-row step pays `project`'s padding
+# kernel per projection (four a layer), which a two-row step does not need; the inactive row
+# costs less (a 1.24B model at batch 1, H200: 866 -> 909 tokens/s, the same tokens).
+MIN_DECODE_ROWS = 2
+
+
 def project(linear, x):
     """``linear(x)`` (an `nnx.Linear` or `FusedLinear` on the last axis of ``x``), with a single
     row computed as a two-row matrix product, the second row zero and dropped.

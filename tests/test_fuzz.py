@@ -27,7 +27,7 @@ st = hypothesis.strategies
 
 FUZZ_TESTS = 9  # the tests below that draw examples; keep in step when adding one
 _TOTAL = int(os.environ.get("JAX_FLASH_FUZZ_EXAMPLES", "0"))
-EXAMPLES = -(-_TOTAL // FUZZ_TESTS) if _TOTAL > 0 else 10
+EXAMPLES = -(-_TOTAL // FUZZ_TESTS) if _TOTAL > 0 else 6
 
 fuzz = hypothesis.settings(
     max_examples=EXAMPLES,

@@ -188,6 +188,17 @@ def test_batched_prompts_equal_single():
     # generate's rows: see test_generate_greedy (each equals its own full forward pass).
 
 
+def test_generate_one_prompt_beside_an_inactive_row():
+    """One prompt decodes beside an inactive one-token row (nn.MIN_DECODE_ROWS): the output
+    and counts are the prompt's alone, and its tokens are those it gets in a larger batch."""
+    model = _model(LLAMA)
+    p, q = _prompts([11, 6], LLAMA.vocab_size, 8)
+    alone = generate(model, [p], 7)
+    assert len(alone.tokens) == 1 and len(alone.tokens[0]) == 7
+    assert alone.num_prompt_tokens == len(p) and alone.num_decode_tokens == 6
+    assert alone.tokens[0] == generate(model, [p, q, q], 7).tokens[0]
+
+
 def test_generate_greedy_deterministic_and_stops():
     model = _model(LLAMA)
     prompts = _prompts([5, 12, 2, 9], LLAMA.vocab_size, 4)

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from ..nn import PageAllocator, block_table, pages_needed
+from ..nn import MIN_DECODE_ROWS, PageAllocator, block_table, pages_needed
 from ..ops.kv_cache import reorder_beams
 from ..ops.sampling import argmax_tokens, sample
 
@@ -395,6 +395,14 @@ def generate(
         scores = [[0.0] * K for _ in range(B)] if beam else None
         return GenerateOutput(empty, beams, scores, 0, 0, 0.0, 0.0, 0.0)
 
+    # A lone prompt decodes beside inactive one-token rows (nn.MIN_DECODE_ROWS): their outputs
+    # are dropped below.
+    num_prompts = B
+    if not beam and B < MIN_DECODE_ROWS:
+        prompts = prompts + [[0]] * (MIN_DECODE_ROWS - B)
+        max_new = np.concatenate([max_new, np.zeros(MIN_DECODE_ROWS - B, np.int32)])
+        B = MIN_DECODE_ROWS
+
     # Admission: all the pages a request can need, now. The last new token is never fed back,
     # so a row holds at most len + max_new - 1 tokens (and at least the prompt).
     lens = [len(p) for p in prompts]
@@ -467,13 +475,13 @@ def generate(
         tokens_out = [bs[0] for bs in beams]
     else:
         out, n_gen = np.asarray(carry["out"]), np.asarray(carry["n_gen"])
-        tokens_out = [out[b, : min(n_gen[b], max_new[b])].tolist() for b in range(B)]
+        tokens_out = [out[b, : min(n_gen[b], max_new[b])].tolist() for b in range(num_prompts)]
         beams = scores = None
     return GenerateOutput(
         tokens=tokens_out,
         beams=beams,
         scores=scores,
-        num_prompt_tokens=T,
+        num_prompt_tokens=sum(lens[:num_prompts]),
         num_decode_tokens=int(carry["n_decoded"]),
         compile_s=float(sum(compile_times)),
         prefill_s=prefill_s,

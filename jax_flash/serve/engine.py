@@ -36,7 +36,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ..nn import Mixed
+from ..nn import MIN_DECODE_ROWS, Mixed
 from ..ops.kv_cache import copy_pages
 from ..ops.sampling import argmax_tokens, sample
 from .pages import PagePool
@@ -218,9 +218,10 @@ class Engine:
     max_prefill_rows, prefill_chunk : prompt chunks per step, and tokens per chunk.
     max_seq_len : the longest prompt + output (default the model's
         ``max_position_embeddings``, at most what the pool holds).
-    decode_buckets : decode-row counts a step is padded to (default powers of two up to
-        ``max_batch``; ``max_batch`` is always one). Fewer buckets, fewer compilations: padded
-        decode rows cost little where a step reads the weights anyway.
+    decode_buckets : decode-row counts a step is padded to (default powers of two from 2 up to
+        ``max_batch``: a lone decode row runs beside a padding row, `jax_flash.nn.
+        MIN_DECODE_ROWS`; ``max_batch`` is always one). Fewer buckets, fewer compilations:
+        padded decode rows cost little where a step reads the weights anyway.
 
     ``step()`` returns the tokens of the step dispatched by the previous call (see the module
     docstring), so a request's first token shows one call after the step that drew it.
@@ -279,7 +280,9 @@ class Engine:
             max_prefill_rows=int(max_prefill_rows),
             prefill_chunk=int(prefill_chunk),
         )
-        self._decode_buckets = _buckets(int(max_batch))
+        # No bucket below nn.MIN_DECODE_ROWS: a lone decode row runs beside a padding row.
+        floor = min(MIN_DECODE_ROWS, int(max_batch))
+        self._decode_buckets = [b for b in _buckets(int(max_batch)) if b == 0 or b >= floor]
         if decode_buckets is not None:
             if not all(
                 isinstance(b, (int, np.integer)) and 0 < b <= max_batch for b in decode_buckets
