@@ -299,6 +299,10 @@ SPLIT_CASES = [(64, "same", 1), (128, "same", 1), (256, "same", 1), (112, "same"
 @pytest.mark.parametrize("splits", [2, 5, 16, 32])
 @pytest.mark.parametrize("d,cache,sq", SPLIT_CASES)
 def test_many_splits(kernel_platform, rng, splits, d, cache, sq):
+    if kernel_platform.name == "cpu" and splits != 2:
+        # The CPU kernel picks its own split of the keys (num_splits is a CUDA launch choice):
+        # every splits value runs the same computation there.
+        pytest.skip("num_splits does not change the CPU kernel: it runs splits=2 only")
     lens = [0, 9, 700, 2051, 1500, 300]
     dtype = jnp.float16 if cache == "int8" else jnp.bfloat16
     kp, vp, bt, kl = make_cache(rng, lens, 16, 2, d, dtype)
