@@ -145,7 +145,8 @@ class FusedLinear(nnx.Module):
 # Decode steps of jax_flash's drivers (`jax_flash.models.generate`, the serving engine) run at
 # least this many rows, padding with inactive ones: a one-row step pays `project`'s padding
 # kernel per projection (four a layer), which a two-row step does not need; the inactive row
-# costs less (a 1.24B model at batch 1, H200: 866 -> 909 tokens/s, the same tokens).
+# costs less (a 1.24B model at batch 1, 2k context, H200: 852-863 -> 902-908 tokens/s, the same
+# tokens; benchmarks/results/decode_two_rows_ab_NVIDIA_H200_20261128T0840.json).
 MIN_DECODE_ROWS = 2
 
 

@@ -25,7 +25,7 @@ _TILING_ONLY = "a Hopper tiling / scheduling case; the CPU kernel's are covered 
 
 def _cpu_runs_only(platform, keep: bool):
     """Skips a tiling case's parametrisation on the CPU kernel, which has no such tiles (each
-    tens of seconds of CI's two cores), unless `keep`: the one kept still checks the kernel."""
+    tens of seconds of CI's two cores), unless `keep`: those kept still check the kernel."""
     if platform.name == "cpu" and not keep:
         pytest.skip(_TILING_ONLY)
 
