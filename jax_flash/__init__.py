@@ -10,6 +10,7 @@ from .introspect import kernel_for
 from .ops.flash_attention import flash_attention, flash_attention_varlen
 from .ops.kv_cache import (
     append_kv,
+    append_qkv,
     check_paged_inputs,
     copy_pages,
     reorder_beams,
@@ -25,6 +26,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "append_kv",
+    "append_qkv",
     "argmax_tokens",
     "apply_rope",
     "check_paged_inputs",

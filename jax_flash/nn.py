@@ -1,15 +1,15 @@
 """Flax NNX attention on jax_flash kernels, and the KV-cache state it reads and writes.
 
-`Attention` projects q/k/v (GQA, optional bias; one `FusedLinear` matmul for the three),
-rotates q and k (RoPE), appends k/v to a paged cache in place and attends: packed prompts
-(`Prefill`) through :func:`jax_flash.flash_attention_varlen`, decode steps (`Decode`) through
-:func:`jax_flash.paged_attention`. Decode steps rotate q and k inside the cache write
-(:func:`jax_flash.append_kv` with ``positions``/``rope``/``q``: one kernel, the same bits as
-apply_rope then append_kv); prefill needs the rotated keys for its own attention, so it rotates
-with :func:`jax_flash.apply_rope` and then appends. `Mixed` packs a serving step's decode
-tokens and prompt chunks on one token axis (:mod:`jax_flash.serve`). `Dense` runs the same
-layer over a dense ``[B, S_max, Hkv, D]`` cache with :func:`jax.nn.dot_product_attention`, the
-baseline the end-to-end benchmark compares against.
+`Attention` projects q/k/v (GQA, optional bias; one `FusedLinear` matmul for the three), rotates q
+and k (RoPE), appends k/v to a paged cache in place and attends: packed prompts (`Prefill`) through
+:func:`jax_flash.flash_attention_varlen`, decode steps (`Decode`) through
+:func:`jax_flash.paged_attention`. Decode steps rotate q and k inside the cache write, which reads
+the fused projection's packed rows (:func:`jax_flash.append_qkv`: one kernel, the same bits as
+slicing, apply_rope then append_kv); prefill needs the rotated keys for its own attention, so it
+rotates with :func:`jax_flash.apply_rope` and then appends. `Mixed` packs a serving step's decode
+tokens and prompt chunks on one token axis (:mod:`jax_flash.serve`). `Dense` runs the same layer
+over a dense ``[B, S_max, Hkv, D]`` cache with :func:`jax.nn.dot_product_attention`, the baseline
+the end-to-end benchmark compares against.
 
 The cache state (`KVCache`: pages of every layer, block tables, lengths) is a pytree of device
 arrays, so a jitted decode step or loop takes it as a donated argument and updates it in place.
@@ -39,7 +39,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .ops.flash_attention import flash_attention, flash_attention_varlen
-from .ops.kv_cache import append_kv, slot_mapping
+from .ops.kv_cache import append_kv, append_qkv, slot_mapping
 from .ops.paged_attention import paged_attention
 from .ops.rope import apply_rope
 
@@ -521,27 +521,23 @@ class Attention(nnx.Module):
         qkv = project(self.qkv_proj, x)  # [*lead, Hkv, G + 2, D]
         if self.parallel is not None:
             qkv = self.parallel.constrain(qkv, -3)
-        group = self.num_heads // self.num_kv_heads
-        q = qkv[..., :group, :].reshape(*lead, self.num_heads, self.head_dim)
-        q, k, v = self._heads(q, qkv[..., group, :], qkv[..., group + 1, :])
         impl = self.attention_impl
-        heads = (-1, self.num_kv_heads, self.head_dim)
         if isinstance(batch, Decode):
             # The decode step reads k from the cache only: RoPE of q and k fused into the cache
-            # write (one kernel; the same bits as apply_rope then append_kv).
-            q_rot, k_pages, v_pages = append_kv(
+            # write, which reads the projection's packed rows as they are (one kernel; the same
+            # bits as slicing, apply_rope then append_kv).
+            q_rot, k_pages, v_pages = append_qkv(
                 *kv,
-                k.reshape(heads),
-                v.reshape(heads),
+                qkv.reshape(-1, *qkv.shape[-3:]),
                 batch.slots.reshape(-1),
-                positions=jnp.broadcast_to(jnp.asarray(positions), lead).reshape(-1),
+                jnp.broadcast_to(jnp.asarray(positions), lead).reshape(-1),
                 rope=self._rope_options(),
-                q=q.reshape(-1, self.num_heads, self.head_dim),
                 implementation=impl,
             )
+            (q_rot,) = self._heads(q_rot)
             k_pages, v_pages = self._heads(k_pages, v_pages)
             o = paged_attention(
-                q_rot.reshape(q.shape),
+                q_rot.reshape(*lead, self.num_heads, self.head_dim),
                 k_pages,
                 v_pages,
                 batch.block_tables,
@@ -553,7 +549,11 @@ class Attention(nnx.Module):
             )
             return self._out(o, lead), (k_pages, v_pages)
         if isinstance(batch, Mixed):
-            return self._mixed(q, k, v, positions, kv, batch)
+            return self._mixed(qkv, positions, kv, batch)
+        group = self.num_heads // self.num_kv_heads
+        q = qkv[..., :group, :].reshape(*lead, self.num_heads, self.head_dim)
+        q, k, v = self._heads(q, qkv[..., group, :], qkv[..., group + 1, :])
+        heads = (-1, self.num_kv_heads, self.head_dim)
         # Prefill attends to the rotated k itself (not through the cache): rotate, then append.
         q, k = self._rope(q, positions), self._rope(k, positions)
         if isinstance(batch, (NoCache, PackedNoCache)):
@@ -585,21 +585,20 @@ class Attention(nnx.Module):
                 raise TypeError(f"Attention: batch must be Prefill, Decode or Dense, got {batch!r}")
         return self._out(o, lead), kv
 
-    def _mixed(self, q, k, v, positions, kv, batch: Mixed):
-        """A `Mixed` step: RoPE fused into the cache write (as a decode step), then the decode
-        rows' one-token queries and the chunk rows' ``[chunk]`` queries attend separately."""
+    def _mixed(self, qkv, positions, kv, batch: Mixed):
+        """A `Mixed` step: RoPE fused into the cache write from the packed q/k/v rows (as a
+        decode step), then the decode rows' one-token queries and the chunk rows' ``[chunk]``
+        queries attend separately."""
         impl = self.attention_impl
-        heads = (-1, self.num_kv_heads, self.head_dim)
-        q_rot, k_pages, v_pages = append_kv(
+        q_rot, k_pages, v_pages = append_qkv(
             *kv,
-            k.reshape(heads),
-            v.reshape(heads),
+            qkv,
             batch.slots,
-            positions=positions,
+            positions,
             rope=self._rope_options(),
-            q=q,
             implementation=impl,
         )
+        (q_rot,) = self._heads(q_rot)
         k_pages, v_pages = self._heads(k_pages, v_pages)
         d, c = batch.num_decode, batch.chunk
         attend = functools.partial(
@@ -621,7 +620,7 @@ class Attention(nnx.Module):
             o = attend(chunks, block_tables=batch.block_tables[d:], kv_lens=batch.kv_lens[d:])
             parts.append(o.reshape(-1, self.num_heads, self.head_dim))
         o = parts[0] if len(parts) == 1 else jnp.concatenate(parts)
-        return self._out(o, q.shape[:1]), (k_pages, v_pages)
+        return self._out(o, qkv.shape[:1]), (k_pages, v_pages)
 
     def _out(self, o, lead):
         """The output projection of the attention output ``o`` (``[*lead, H, D]``); cast back

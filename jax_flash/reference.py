@@ -522,6 +522,14 @@ def append_kv_rope(
     return (q_rot, *out)
 
 
+def split_qkv(qkv):
+    """The queries ``[T, Hkv * G, D]``, keys and values ``[T, Hkv, D]`` of packed rows ``qkv
+    [T, Hkv, G + 2, D]`` (per kv head: its G query heads, then its key, then its value; the
+    layout :func:`jax_flash.append_qkv` reads)."""
+    T, Hkv, G2, D = qkv.shape
+    return qkv[:, :, : G2 - 2].reshape(T, Hkv * (G2 - 2), D), qkv[:, :, -2], qkv[:, :, -1]
+
+
 # ---------------------------------------------------------------------------------------------
 # Sampling (semantics: cuda/include/jax_flash/sampling_params.h)
 

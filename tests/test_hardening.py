@@ -63,6 +63,12 @@ def _op_calls(rng):
             "append_kv rope",
             lambda: jax_flash.append_kv(kp, vp, new, new, slots, positions=pos, rope={}, q=new),
         ),
+        (
+            "append_qkv",
+            lambda: jax_flash.append_qkv(
+                kp, vp, jnp.stack([new, new, new], axis=2), slots, pos, rope={}
+            ),
+        ),
         ("copy_pages", lambda: jax_flash.copy_pages(kp, vp, jnp.array([0]), jnp.array([5]))),
         (
             "reorder_beams",
@@ -488,7 +494,7 @@ def _sanitizer_driver(*flags):
 def test_sanitizer_driver_calls_every_op():
     # The GPU sanitizer run is only as good as its driver: it must keep calling every op.
     assert _sanitizer_driver() == {
-        "flash_attention", "flash_attention_varlen", "paged_attention", "append_kv",
+        "flash_attention", "flash_attention_varlen", "paged_attention", "append_kv", "append_qkv",
         "copy_pages", "reorder_beams", "apply_rope", "sample", "top_k_top_p_filter",
     }  # fmt: skip
     assert _sanitizer_driver("--ops", "paged_attention,apply_rope") == {

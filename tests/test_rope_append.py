@@ -319,3 +319,117 @@ def test_vmap_per_head_scales(platform, rng, rope):
             one = jax.jit(f)(*[x[b] for x in args[:6]], args[6][sb], args[7][sb])
             for a, c in zip(out, one, strict=True):
                 np.testing.assert_array_equal(_bits(a[b]), _bits(c))
+
+
+# append_qkv: the same call reading packed q/k/v rows [T, Hkv, G + 2, D].
+
+
+def _pack(q, kn, vn):
+    T, Hkv, D = kn.shape
+    G = q.shape[1] // Hkv
+    return jnp.concatenate([q.reshape(T, Hkv, G, D), kn[:, :, None], vn[:, :, None]], axis=2)
+
+
+def packed(platform_name, rope, kp, vp, kn, vn, slots, positions, q, **scales):
+    return jax_flash.append_qkv(
+        kp, vp, _pack(q, kn, vn), slots, positions, rope=rope, implementation=platform_name,
+        **scales,
+    )  # fmt: skip
+
+
+# (Hkv, Hq): groups of 3 (query heads of one item span two kv heads), 1 (MHA) and 4.
+PACKED_HEADS = [(3, 9), (4, 4), (2, 8)]
+
+
+@pytest.mark.parametrize("cache,scale", CACHES, ids=[f"{c}-{s}" for c, s in CACHES])
+@pytest.mark.parametrize("heads", PACKED_HEADS, ids=[f"{h}/{g}" for h, g in PACKED_HEADS])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_packed_bit_equal(platform, rng, dtype, heads, cache, scale):
+    """append_qkv equals append_kv of the sliced rows bit for bit (which equals apply_rope then
+    append_kv: test_fused_bit_equal), the "xla" path included."""
+    Hkv, Hq = heads
+    rope_id, rope, D = ROPES[PACKED_HEADS.index(heads)]  # both styles, partial rotation
+    case = make_case(rng, DTYPES[dtype], cache, scale, T=23, Hkv=Hkv, Hq=Hq, D=D)
+    args = (rope, *case[:7], case[7])
+    want = _run(fused, platform, *args)
+    got = _run(packed, platform, *args)
+    xla, xla_want = _run(packed, "xla", *args), _run(fused, "xla", *args)
+    assert len(got) == len(want) == len(xla) == (5 if scale else 3)
+    names = ("q", "k_pages", "v_pages", "k_scale", "v_scale")
+    for name, a, b, c, d in zip(names, got, want, xla, xla_want, strict=False):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        np.testing.assert_array_equal(_bits(a), _bits(b), err_msg=f"{platform} {rope_id}: {name}")
+        np.testing.assert_array_equal(_bits(c), _bits(d), err_msg=f"xla: {name}")
+
+
+def test_packed_vmap(platform, rng):
+    B = 3
+    cases = [make_case(rng, jnp.bfloat16, "int8", "token", T=7, Hkv=2, Hq=6, P=5, page=4)
+             for _ in range(B)]  # fmt: skip
+    kp, vp, kn, vn, slots, positions, q = (jnp.stack([c[i] for c in cases]) for i in range(7))
+    ks = jnp.stack([c[7]["k_scale"] for c in cases])
+    vs = jnp.stack([c[7]["v_scale"] for c in cases])
+    qkv = jax.vmap(_pack)(q, kn, vn)
+    rope = {"rotary_dim": 32, "scaling": LLAMA3}
+
+    def f(kp, vp, qkv, slots, positions, ks, vs):
+        return jax_flash.append_qkv(kp, vp, qkv, slots, positions, rope=rope, k_scale=ks,
+                                    v_scale=vs, implementation=platform.name)  # fmt: skip
+
+    args = platform.put(kp, vp, qkv, slots, positions, ks, vs)
+    out = jax.jit(jax.vmap(f))(*args)
+    for b in range(B):
+        one = jax.jit(f)(*[x[b] for x in args])
+        for a, c in zip(out, one, strict=True):
+            np.testing.assert_array_equal(_bits(a[b]), _bits(c))
+
+
+def test_packed_reads_rows_in_place(rng):
+    """The packed rows go to the kernel as they are: no slice of them in the compiled program."""
+    kp = vp = jnp.zeros((16, 16, 2, 64), jnp.bfloat16)
+    qkv = randn(rng, (5, 2, 6, 64), jnp.bfloat16)
+
+    def step(kp, vp, qkv, slots, pos):
+        return jax_flash.append_qkv(kp, vp, qkv, slots, pos, rope={})
+
+    args = (kp, vp, qkv, jnp.arange(5, dtype=jnp.int32), jnp.arange(5, dtype=jnp.int32))
+    hlo = jax.jit(step, donate_argnums=(0, 1)).lower(*args).compile().as_text()
+    assert 'custom_call_target="jax_flash_append_qkv_rope_' in hlo
+    assert " slice(" not in hlo and "output_to_operand_aliasing" in hlo
+
+
+@pytest.mark.skipif(not jax_flash.has_cuda_kernels(), reason="built without CUDA kernels")
+def test_packed_cuda_lowering_without_gpu():
+    kp = vp = jnp.zeros((4, 8, 2, 64), jnp.bfloat16)
+    qkv = jnp.zeros((3, 2, 5, 64), jnp.bfloat16)
+
+    def f(kp, vp, qkv, slots, pos):
+        return jax_flash.append_qkv(kp, vp, qkv, slots, pos, rope={"style": "gptj"})
+
+    args = (kp, vp, qkv, jnp.zeros((3,), jnp.int32), jnp.zeros((3,), jnp.int32))
+    text = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert "jax_flash_append_qkv_rope_cuda" in text
+
+
+@pytest.mark.parametrize(
+    "qkv,pages,kwargs,exc,match",
+    [
+        (_z(3, 2, 64), None, {}, ValueError, r"qkv must have rank 4 \[T, Hkv, G \+ 2, D\]"),
+        (_z(3, 2, 2, 64), None, {}, ValueError, r"at least one query head per kv head"),
+        (_z(3, 2, 6, 64, dtype=jnp.int32), None, {}, TypeError, "qkv"),
+        (_z(3, 3, 6, 64), None, {}, ValueError, "does not match the pages"),
+        (_z(3, 2, 6, 64), (_z(4, 8, 2, 64), _z(4, 8, 2, 32)), {}, ValueError, "D == Dv"),
+        (_z(3, 2, 6, 64, dtype=jnp.float16), None, {}, TypeError, "float16"),
+        (_z(3, 2, 6, 64), None, {"positions": _z(4, dtype=jnp.int32)}, ValueError,
+         r"positions must have shape \(3,\)"),
+        (_z(3, 2, 6, 64), None, {"rope": None}, ValueError, "rope is None"),
+        (_z(3, 2, 6, 64), None, {"slot_mapping": _z(2, dtype=jnp.int32)}, ValueError,
+         r"slot_mapping must have shape \(3,\)"),
+    ],
+)  # fmt: skip
+def test_packed_errors(qkv, pages, kwargs, exc, match):
+    kp, vp = pages or (_z(4, 8, 2, 64), _z(4, 8, 2, 64))
+    call = {"slot_mapping": _z(3, dtype=jnp.int32), "positions": _POS, "rope": {}, **kwargs}
+    with pytest.raises(exc, match=match):
+        jax_flash.append_qkv(kp, vp, qkv, call["slot_mapping"], call["positions"],
+                             rope=call["rope"])  # fmt: skip

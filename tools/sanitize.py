@@ -19,12 +19,12 @@ What the driver runs: flash_attention on its tensor-core (f16/bf16, D 64/128/256
 and lse, and its gradients (both backward modes); flash_attention_varlen with offsets past the
 rows (clamped), and its deterministic gradient; paged_attention on both
 decode kernels (f16/bf16 caches and int8/e4m3 with per-head or per-token scales; one and several
-query tokens; bad lengths and page ids, which give NaN) -- unless --quick, the driver runs twice
-per tool, with JAX_FLASH_PAGED_MMA=0 and =1, so that every paged case meets both kernels
+query tokens; bad lengths and page ids, which give NaN) -- unless --quick, the driver runs twice per
+tool, with JAX_FLASH_PAGED_MMA=0 and =1, so that every paged case meets both kernels
 (`--paged-kernels` picks them); append_kv (plain, quantized, bad slots, fused RoPE with q),
-copy_pages and reorder_beams; apply_rope; sample and top_k_top_p_filter (NaN / -inf rows, ties,
-per-row parameters). `--ops` selects some of these ops, so that a slow tool (initcheck watches
-every kernel, XLA's too, and takes minutes per driver run) can be run in parts.
+append_qkv (the same cases), copy_pages and reorder_beams; apply_rope; sample and top_k_top_p_filter
+(NaN / -inf rows, ties, per-row parameters). `--ops` selects some of these ops, so that a slow tool
+(initcheck watches every kernel, XLA's too, and takes minutes per driver run) can be run in parts.
 
 How it is made to see real bugs:
 - XLA_PYTHON_CLIENT_ALLOCATOR=platform: each buffer is its own device allocation, so memcheck
@@ -212,7 +212,7 @@ def _driver(quick: bool, platform: str, ops: tuple[str, ...] = OPS) -> int:
                 bad = np.array([True, True, False, True, True])
                 assert np.isnan(o[bad]).all() and np.isfinite(o[~bad]).all(), "bad-data rule"
 
-    # append_kv (plain, quantized, bad slots), with and without the fused RoPE
+    # append_kv (plain, quantized, bad slots), with and without the fused RoPE, and append_qkv
     P, page, Hkv, D = 9, 16, 2, 128
     slots = np.array([0, 17, -1, 5, P * page, 2**31 - 1, 100, 143, -50], np.int32)
     T = slots.shape[0]
@@ -238,6 +238,11 @@ def _driver(quick: bool, platform: str, ops: tuple[str, ...] = OPS) -> int:
                 kp, vp, kn, vn, s, positions=pos, rope={"rotary_dim": 64, "style": "gptj"},
                 q=q, **sc, **cuda),
             kp, vp, kn, vn, put(slots), pos, q, scales)  # fmt: skip
+        qkv = normal((T, Hkv, 3 + 2, D), dtype)  # packed rows: 3 queries per kv head
+        run(f"append_qkv {name}",
+            lambda kp, vp, qkv, s, pos, sc: jax_flash.append_qkv(
+                kp, vp, qkv, s, pos, rope={"rotary_dim": 64}, **sc, **cuda),
+            kp, vp, qkv, put(slots), pos, scales)  # fmt: skip
         run(f"copy_pages {name}",
             lambda kp, vp, src, dst, sc: jax_flash.copy_pages(kp, vp, src, dst, **sc, **cuda),
             kp, vp, put(np.array([0, 3, -1, 2, 40], np.int32)),

@@ -185,6 +185,32 @@ void append_kv_cpu(const AppendKVParams& p) { append(p, nullptr); }
 
 void append_kv_rope_cpu(const AppendKVRopeParams& p) {
   if (!rope_append_consistent(p) || p.kv.num_tokens <= 0) return;
+  if (p.qkv_group > 0) {
+    // Packed rows: copied apart into the three arrays of the other layout (a copy of the
+    // inputs; the call then runs the same code on the same values).
+    const int64_t T = p.kv.num_tokens, H = p.kv.num_heads_k, D = p.kv.head_dim;
+    const int64_t G = p.qkv_group, elem = dtype_size(p.kv.dtype);
+    std::vector<char> q(static_cast<size_t>(T * H * G * D * elem));
+    std::vector<char> k(static_cast<size_t>(T * H * D * elem)), v(k.size());
+    const char* src = static_cast<const char*>(p.rope.x);
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t h = 0; h < H; ++h) {
+        const char* row = src + (t * H + h) * (G + 2) * D * elem;  // kv head h's G + 2 rows
+        std::memcpy(q.data() + (t * H + h) * G * D * elem, row, static_cast<size_t>(G * D * elem));
+        std::memcpy(k.data() + (t * H + h) * D * elem, row + G * D * elem,
+                    static_cast<size_t>(D * elem));
+        std::memcpy(v.data() + (t * H + h) * D * elem, row + (G + 1) * D * elem,
+                    static_cast<size_t>(D * elem));
+      }
+    }
+    AppendKVRopeParams u = p;
+    u.qkv_group = 0;
+    u.rope.x = q.data();
+    u.kv.k_new = k.data();
+    u.kv.v_new = v.data();
+    append_kv_rope_cpu(u);
+    return;
+  }
   if (p.rope.heads > 0) apply_rope_cpu(p.rope);  // the queries: apply_rope itself
   append(p.kv, &p.rope);
 }

@@ -310,6 +310,33 @@ inline ffi::Error check_cache_results(const char* op, const ffi::AnyBuffer& k_pa
   return ffi::Error::Success();
 }
 
+// Everything of an append's params but the new rows' pointers, once the call is checked: the
+// cache geometry (checked by check_cache), T new rows of dtype dt, their slots, and the result
+// buffers the kernels write (aliased to the cache arguments).
+inline void fill_append_cache(const CacheGeom& g, DType dt, int64_t T,
+                              const ffi::Buffer<ffi::S32>& slot_mapping,
+                              const ffi::AnyBuffer& k_out, const ffi::AnyBuffer& v_out,
+                              const ffi::Buffer<ffi::F32>& ks_out,
+                              const ffi::Buffer<ffi::F32>& vs_out, int32_t scale_mode,
+                              AppendKVParams* p) {
+  p->k_new = nullptr;
+  p->v_new = nullptr;
+  p->slot_mapping = slot_mapping.typed_data();
+  p->k_pages = k_out.untyped_data();
+  p->v_pages = v_out.untyped_data();
+  p->k_scale = scale_mode == 0 ? nullptr : ks_out.typed_data();
+  p->v_scale = scale_mode == 0 ? nullptr : vs_out.typed_data();
+  p->num_tokens = static_cast<int32_t>(T);
+  p->num_heads_k = static_cast<int32_t>(g.num_heads_k);
+  p->head_dim = static_cast<int32_t>(g.head_dim);
+  p->head_dim_v = static_cast<int32_t>(g.head_dim_v);
+  p->num_pages = static_cast<int32_t>(g.num_pages);
+  p->page_size = static_cast<int32_t>(g.page_size);
+  p->dtype = dt;
+  p->cache_dtype = g.cache_dtype;
+  p->scale_mode = g.scale_mode;
+}
+
 // append_kv: args k_pages, v_pages, k_scale, v_scale, k_new [T,Hkv,D], v_new [T,Hkv,Dv],
 // slot_mapping [T]; rets the four cache buffers; attr scale_mode. Pointers of p refer to the
 // results.
@@ -349,22 +376,9 @@ inline ffi::Error make_append_params(ffi::AnyBuffer k_pages, ffi::AnyBuffer v_pa
                                  vs_out))
           .failure())
     return err;
+  fill_append_cache(g, dt, T, slot_mapping, k_out, v_out, ks_out, vs_out, scale_mode, p);
   p->k_new = k_new.untyped_data();
   p->v_new = v_new.untyped_data();
-  p->slot_mapping = slot_mapping.typed_data();
-  p->k_pages = k_out.untyped_data();
-  p->v_pages = v_out.untyped_data();
-  p->k_scale = scale_mode == 0 ? nullptr : ks_out.typed_data();
-  p->v_scale = scale_mode == 0 ? nullptr : vs_out.typed_data();
-  p->num_tokens = static_cast<int32_t>(T);
-  p->num_heads_k = static_cast<int32_t>(g.num_heads_k);
-  p->head_dim = static_cast<int32_t>(g.head_dim);
-  p->head_dim_v = static_cast<int32_t>(g.head_dim_v);
-  p->num_pages = static_cast<int32_t>(g.num_pages);
-  p->page_size = static_cast<int32_t>(g.page_size);
-  p->dtype = dt;
-  p->cache_dtype = g.cache_dtype;
-  p->scale_mode = g.scale_mode;
   return ffi::Error::Success();
 }
 

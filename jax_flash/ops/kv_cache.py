@@ -1,4 +1,5 @@
-"""Writing the paged KV cache in place: `append_kv`, `copy_pages`, `reorder_beams`, plus the
+"""Writing the paged KV cache in place: `append_kv` (and `append_qkv`, its fused-RoPE form
+reading packed q/k/v rows), `copy_pages`, `reorder_beams`, plus the
 slot arithmetic and a `checkify` debug check of block tables and lengths."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from ..primitives.kv_cache import (
     RopeCacheConfig,
     append_kv_p,
     append_kv_rope_p,
+    append_qkv_rope_p,
     copy_pages_p,
 )
 from ..primitives.rope import MAX_ROTARY_DIM
@@ -138,11 +140,9 @@ def append_kv(
     )  # fmt: skip
 
 
-def _append_rope(
-    op, k_pages, v_pages, k_new, v_new, slot_mapping, k_scale, v_scale, positions, rope, q,
-    implementation,
-):  # fmt: skip
-    """append_kv with the fused RoPE: checks, then the primitive or the jnp reference."""
+def _rope_config(op, positions, rope, T, D, where):
+    """The fused RoPE's checks: positions [T] as int32, and (style, rotary_dim, inv_freq) of
+    the ``rope`` dict for rows of D features (``where`` names them in messages)."""
     if rope is None:
         raise ValueError(
             f"{op}: positions is given but rope is None; pass rope= (a dict of apply_rope's "
@@ -160,14 +160,42 @@ def _append_rope(
         raise ValueError(
             f"{op}: rope has unknown keys {unknown}; apply_rope's options are {list(ROPE_KEYS)}"
         )
-    T, Hkv, D = k_new.shape
     positions = _checks.int_vector(op, "positions", positions, T)
     style = rope.get("style", "neox")
     rd, inv_freq = rope_options(
         op, D, style=style, rotary_dim=rope.get("rotary_dim"),
         theta=rope.get("theta", 10000.0), scaling=rope.get("scaling"),
-        key=lambda name: f"rope[{name!r}]", where=f"k_new {tuple(k_new.shape)}",
+        key=lambda name: f"rope[{name!r}]", where=where,
     )  # fmt: skip
+    return positions, style, rd, inv_freq
+
+
+def _rope_bind_config(op, mode, style, rd, inv_freq, implementation):
+    """The primitives' static config of the fused RoPE (the native kernels' limit checked)."""
+    if rd > MAX_ROTARY_DIM:
+        raise ValueError(
+            f"{op}: the native kernels take rope['rotary_dim'] up to {MAX_ROTARY_DIM}, got {rd}; "
+            "use implementation='xla'"
+        )
+    return RopeCacheConfig(
+        mode, style, rd, tuple(float(v) for v in np.asarray(inv_freq)), implementation
+    )
+
+
+def _scale_operands(k_scale, v_scale):
+    empty = jnp.zeros((0,), jnp.float32)
+    return (empty, empty) if k_scale is None else (k_scale, v_scale)
+
+
+def _append_rope(
+    op, k_pages, v_pages, k_new, v_new, slot_mapping, k_scale, v_scale, positions, rope, q,
+    implementation,
+):  # fmt: skip
+    """append_kv with the fused RoPE: checks, then the primitive or the jnp reference."""
+    T, Hkv, D = k_new.shape
+    positions, style, rd, inv_freq = _rope_config(
+        op, positions, rope, T, D, f"k_new {tuple(k_new.shape)}"
+    )
     if q is not None:
         _checks.array_arg(op, "q", q, 3, "[T, Hq, D]")
         if q.dtype != k_new.dtype:
@@ -187,23 +215,82 @@ def _append_rope(
             rotary_dim=rd, q=q, k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip
     else:
-        if rd > MAX_ROTARY_DIM:
-            raise ValueError(
-                f"{op}: the native kernels take rope['rotary_dim'] up to {MAX_ROTARY_DIM}, got "
-                f"{rd}; use implementation='xla'"
-            )
-        empty = jnp.zeros((0,), jnp.float32)
-        ks = k_scale if quantized else empty
-        vs = v_scale if quantized else empty
+        config = _rope_bind_config(op, mode, style, rd, inv_freq, implementation)
         q_in = jnp.zeros((T, 0, D), k_new.dtype) if q is None else q
-        config = RopeCacheConfig(
-            mode, style, rd, tuple(float(v) for v in np.asarray(inv_freq)), implementation
-        )
         *caches, q_rot = append_kv_rope_p.bind(
-            k_pages, v_pages, ks, vs, k_new, v_new, slot_mapping, positions, q_in, config=config
-        )
+            k_pages, v_pages, *_scale_operands(k_scale, v_scale), k_new, v_new, slot_mapping,
+            positions, q_in, config=config,
+        )  # fmt: skip
     caches = tuple(caches) if quantized else tuple(caches[:2])
     return caches if q is None else (q_rot, *caches)
+
+
+def append_qkv(
+    k_pages, v_pages, qkv, slot_mapping, positions, *, rope, k_scale=None, v_scale=None,
+    implementation: str | None = None,
+):  # fmt: skip
+    """:func:`append_kv` with the fused RoPE and ``q``, reading the queries, keys and values
+    from one packed array: a fused q/k/v projection's output goes in as it is, with no copies
+    to slice it apart first.
+
+    Parameters
+    ----------
+    k_pages, v_pages, k_scale, v_scale, slot_mapping, positions, rope, implementation
+        As :func:`append_kv` (``D == Dv``).
+    qkv : ``[T, Hkv, G + 2, D]`` float32, float16 or bfloat16, ``G >= 1``: per token and kv head
+        ``h``, its ``G`` query heads ``h * G .. h * G + G - 1``, then its key, then its value
+        (the layout of :class:`jax_flash.nn.Attention`'s fused projection).
+
+    Returns
+    -------
+    ``(q_rot, k_pages, v_pages[, k_scale, v_scale])`` with ``q_rot`` ``[T, Hkv * G, D]``: the
+    same bits as :func:`append_kv` with ``k_new = qkv[:, :, G]``, ``v_new = qkv[:, :, G + 1]``
+    and ``q = qkv[:, :, :G].reshape(T, Hkv * G, D)``, on every platform.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp, jax_flash
+    >>> k_pages = v_pages = jnp.zeros((8, 16, 2, 64), jnp.float16)
+    >>> qkv = jnp.ones((3, 2, 4 + 2, 64), jnp.float16)  # 3 tokens, 2 kv heads, 4 queries each
+    >>> q_rot, k_pages, v_pages = jax_flash.append_qkv(
+    ...     k_pages, v_pages, qkv, jnp.array([0, 1, 40]), jnp.array([7, 8, 9]), rope={})
+    >>> q_rot.shape
+    (3, 8, 64)
+    """
+    op = "append_qkv"
+    _checks.array_arg(op, "qkv", qkv, 4, "[T, Hkv, G + 2, D]")
+    _checks.float_dtype(op, "qkv", qkv)
+    T, Hkv, G2, D = qkv.shape
+    if G2 < 3:
+        raise ValueError(
+            f"{op}: qkv [T, Hkv, G + 2, D] needs at least one query head per kv head (G >= 1), "
+            f"got shape {tuple(qkv.shape)}"
+        )
+    check_cache(op, k_pages, v_pages, k_scale, v_scale, head_dim=D, dtype=qkv.dtype)
+    if k_pages.shape[2] != Hkv or v_pages.shape[3] != D:
+        raise ValueError(
+            f"{op}: qkv [T, Hkv, G + 2, D] = {tuple(qkv.shape)} does not match the pages "
+            f"{tuple(k_pages.shape)}/{tuple(v_pages.shape)} (packed rows need D == Dv)"
+        )
+    slot_mapping = _checks.int_vector(op, "slot_mapping", slot_mapping, T)
+    positions, style, rd, inv_freq = _rope_config(
+        op, positions, rope, T, D, f"qkv {tuple(qkv.shape)}"
+    )
+    mode = check_cache(op, k_pages, v_pages, k_scale, v_scale)
+    _checks.implementation(op, implementation)
+    if implementation == "xla":
+        q, k_new, v_new = reference.split_qkv(qkv)
+        return _append_rope(
+            op, k_pages, v_pages, k_new, v_new, slot_mapping, k_scale, v_scale, positions, rope,
+            q, implementation,
+        )  # fmt: skip
+    config = _rope_bind_config(op, mode, style, rd, inv_freq, implementation)
+    *caches, q_rot = append_qkv_rope_p.bind(
+        k_pages, v_pages, *_scale_operands(k_scale, v_scale), qkv, slot_mapping, positions,
+        config=config,
+    )  # fmt: skip
+    caches = tuple(caches) if k_scale is not None else tuple(caches[:2])
+    return (q_rot, *caches)
 
 
 def copy_pages(k_pages, v_pages, src, dst, *, k_scale=None, v_scale=None, implementation=None):

@@ -1,5 +1,6 @@
 """Cache-write primitives, in place: `jax_flash_append_kv`, `jax_flash_append_kv_rope` (the
-cache write with RoPE fused in) and `jax_flash_copy_pages`.
+cache write with RoPE fused in), `jax_flash_append_qkv_rope` (the same reading packed q/k/v
+rows) and `jax_flash_copy_pages`.
 
 All alias their four cache operands (k_pages, v_pages, k_scale, v_scale) to their first four
 results, so that under `jit` with the cache donated XLA updates the cache where it lies.
@@ -9,6 +10,9 @@ results, so that under `jit` with the cache donated XLA updates the cache where 
     append_kv_rope  operands as append_kv, then positions [T] int32, q [T,Hq,D] (Hq = 0: no
                     queries); one more result q_out [T,Hq,D]; attrs style, rotary_dim, inv_freq
                     (static, in the config, as apply_rope's)
+    append_qkv_rope operands k_pages, v_pages, k_scale, v_scale, qkv [T,Hkv,G+2,D] (packed
+                    rows, reference.split_qkv), slot_mapping [T], positions [T]; results and
+                    attrs as append_kv_rope, q_out [T,G*Hkv,D]
     copy_pages      operands k_pages, v_pages, k_scale, v_scale, src [N] int32, dst [N] int32
     results         k_pages, v_pages, k_scale, v_scale (updated)
 
@@ -54,6 +58,7 @@ class RopeCacheConfig:
 
 append_kv_p = make_primitive("jax_flash_append_kv")
 append_kv_rope_p = make_primitive("jax_flash_append_kv_rope")
+append_qkv_rope_p = make_primitive("jax_flash_append_qkv_rope")
 copy_pages_p = make_primitive("jax_flash_copy_pages")
 
 
@@ -67,8 +72,15 @@ def _rope_cache_avals(kp, vp, ks, vs, k_new, v_new, slots, positions, q, *, conf
     return kp, vp, ks, vs, ShapedArray(q.shape, q.dtype)
 
 
+def _qkv_cache_avals(kp, vp, ks, vs, qkv, slots, positions, *, config):
+    del slots, positions, config
+    T, Hkv, G2, D = qkv.shape
+    return kp, vp, ks, vs, ShapedArray((T, Hkv * (G2 - 2), D), qkv.dtype)
+
+
 append_kv_p.def_abstract_eval(_cache_avals)
 append_kv_rope_p.def_abstract_eval(_rope_cache_avals)
+append_qkv_rope_p.def_abstract_eval(_qkv_cache_avals)
 copy_pages_p.def_abstract_eval(_cache_avals)
 
 
@@ -102,6 +114,11 @@ def _append_rope_reference(kp, vp, ks, vs, k_new, v_new, slots, positions, q, *,
         style=config.style, rotary_dim=config.rotary_dim, q=q, k_scale=sk, v_scale=sv,
     )  # fmt: skip
     return [kp, vp, ks if sk is None else sk, vs if sv is None else sv, q_rot]
+
+
+def _append_qkv_rope_reference(kp, vp, ks, vs, qkv, slots, positions, *, config):
+    q, k_new, v_new = reference.split_qkv(qkv)
+    return _append_rope_reference(kp, vp, ks, vs, k_new, v_new, slots, positions, q, config=config)
 
 
 def _copy_reference(kp, vp, ks, vs, src, dst, *, config):
@@ -143,6 +160,17 @@ def _append_rope_rule(config, shapes_in, shapes_out):
     )  # fmt: skip
 
 
+def _append_qkv_rope_rule(config, shapes_in, shapes_out):
+    # As append_kv_rope; the packed rows' group axis (G + 2) stays whole.
+    cache = _cache_dims(config)
+    hq, hkv = shapes_out[4][1], shapes_in[4][1]
+    ops = [*cache, "t h x d", "t", "t"]
+    return make_rule(
+        ops, [*cache, "t (h g) d"], shapes_in, shapes_out, whole=(*_CACHE_WHOLE, "t", "x"),
+        sizes={"g": hq // hkv},
+    )  # fmt: skip
+
+
 register_lowerings(
     append_kv_p, "append_kv", _attrs, _append_reference, aliases=_ALIASES,
     partitioning=Partitioning(_append_rule),
@@ -156,13 +184,14 @@ MAX_QUANT_ROW_BYTES = _cpu.policy.ROPE_MAX_QUANT_ROW_BYTES
 
 
 def _rope_cuda_kernel(avals_in, config):
-    k_new = avals_in[4]
-    row = k_new.shape[2] * k_new.dtype.itemsize
+    # k_new [T, Hkv, D] (append_kv_rope) or qkv [T, Hkv, G + 2, D] (append_qkv_rope)
+    new = avals_in[4]
+    row = new.shape[-1] * new.dtype.itemsize
     if config.scale_mode != 0 and row > MAX_QUANT_ROW_BYTES:
         return None, (
             f"the fused RoPE CUDA kernel takes head dims up to "
-            f"{MAX_QUANT_ROW_BYTES // k_new.dtype.itemsize} ({k_new.dtype}) for a quantized "
-            f"cache, got {k_new.shape[2]}"
+            f"{MAX_QUANT_ROW_BYTES // new.dtype.itemsize} ({new.dtype}) for a quantized "
+            f"cache, got {new.shape[-1]}"
         )
     return None, None
 
@@ -175,6 +204,16 @@ register_lowerings(
     cuda_kernel=_rope_cuda_kernel,
     aliases=_ALIASES,
     partitioning=Partitioning(_append_rope_rule),
+)
+
+register_lowerings(
+    append_qkv_rope_p,
+    "append_qkv_rope",
+    _rope_attrs,
+    _append_qkv_rope_reference,
+    cuda_kernel=_rope_cuda_kernel,
+    aliases=_ALIASES,
+    partitioning=Partitioning(_append_qkv_rope_rule),
 )
 
 
@@ -268,6 +307,28 @@ def _batch_append_rope(args, dims, *, config):
     return [*caches, outs[4].reshape(q.shape)], [*cache_dims, 0]
 
 
+def _batch_append_qkv_rope(args, dims, *, config):
+    # As _batch_append_rope, the packed rows of every instance being more tokens.
+    if _scales_mapped_per_head(dims, config):
+        return _per_instance(append_qkv_rope_p, args, dims, config)
+    size = next(x.shape[d] for x, d in zip(args, dims, strict=True) if d is not NOT_MAPPED)
+    flat, P, page, config_b = _stack_caches(args, dims, size, config, per_head_read=True)
+    qkv, slots, positions = (
+        batch_first(x, d, size) for x, d in zip(args[4:], dims[4:], strict=True)
+    )
+    off = (jnp.arange(size, dtype=jnp.int32) * (P * page))[:, None]
+    slots = jnp.where((slots >= 0) & (slots < P * page), slots + off, -1)
+    outs = append_qkv_rope_p.bind(
+        *flat,
+        qkv.reshape(-1, *qkv.shape[2:]),
+        slots.reshape(-1),
+        positions.reshape(-1),
+        config=config_b,
+    )
+    caches, cache_dims = _unstack(outs[:4], size, config, config_b)
+    return [*caches, outs[4].reshape(size, -1, *outs[4].shape[1:])], [*cache_dims, 0]
+
+
 def _batch_copy(args, dims, *, config):
     size = next(x.shape[d] for x, d in zip(args, dims, strict=True) if d is not NOT_MAPPED)
     flat, P, _, config_b = _stack_caches(args, dims, size, config)
@@ -283,4 +344,5 @@ def _batch_copy(args, dims, *, config):
 
 batching.primitive_batchers[append_kv_p] = _batch_append
 batching.primitive_batchers[append_kv_rope_p] = _batch_append_rope
+batching.primitive_batchers[append_qkv_rope_p] = _batch_append_qkv_rope
 batching.primitive_batchers[copy_pages_p] = _batch_copy

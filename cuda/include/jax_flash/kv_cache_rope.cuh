@@ -1,7 +1,9 @@
 // CUDA kernels of the fused RoPE + cache write (append_kv with positions and rope). Semantics:
 // jax_flash/kv_cache_rope_params.h. One launch rotates the queries (when given) and writes the
 // rotated keys and the values into the cache slots: the rotated keys never go through memory
-// outside the cache.
+// outside the cache. The new rows are read where they lie, as three arrays or as one packed
+// q/k/v array (AppendKVRopeParams::qkv_group; NewRowLayout), so that a fused projection's
+// output needs no slicing copies before the call.
 //
 // Bit-equality with apply_rope followed by append_kv comes from sharing their device code, not
 // from copies of it: the rotation is rope.cuh's (pair_cos_sin / rotate_pair / rope_item: the
@@ -57,8 +59,24 @@ static_assert(kWarps * kMaxQuantRowBytes + 2 * 4 * (kMaxRotaryDim / 2) <= 48 * 1
 // the queries into q_out, items [q_items, q_items + k_items) the keys straight into the slot;
 // item q_items + k_items + e copies element e of the token's v row [Hkv, Dv].
 
+// The rows of the new-row arrays (NewRowLayout, either layout) as rope.cuh's in_head: query
+// heads, and key rows at a fixed stride.
+struct QueryHeads {
+  NewRowLayout l;
+  __device__ __forceinline__ int64_t operator()(const RopeParams&, int32_t h) const {
+    return l.q_head(h);
+  }
+};
+struct StridedHeads {
+  int64_t stride;
+  __device__ __forceinline__ int64_t operator()(const RopeParams&, int32_t h) const {
+    return h * stride;
+  }
+};
+
 template <typename T, RopeStyle kStyle>
-__global__ void __launch_bounds__(kThreads) append_rope_plain_kernel(const AppendKVRopeParams p) {
+__global__ void __launch_bounds__(kThreads)
+    append_rope_plain_kernel(const AppendKVRopeParams p, const NewRowLayout l) {
   const RopeParams& r = p.rope;
   const int32_t H = p.kv.num_heads_k;
   const int64_t q_items = r.heads > 0 ? rope_items(r.rotary_dim, r.head_dim, r.heads) : 0;
@@ -69,22 +87,25 @@ __global__ void __launch_bounds__(kThreads) append_rope_plain_kernel(const Appen
   const int64_t t = g / per_token;
   int64_t j = g - t * per_token;
   if (j < q_items) {
-    const int64_t row = t * r.heads * int64_t(r.head_dim);
     rope_item<T, kStyle>(r, r.positions[t], static_cast<int32_t>(j),
-                         static_cast<const T*>(r.x) + row, static_cast<T*>(r.out) + row, r.heads);
+                         static_cast<const T*>(l.q_src) + t * l.q_token,
+                         static_cast<T*>(r.out) + t * r.heads * int64_t(r.head_dim), r.heads,
+                         QueryHeads{l});
     return;
   }
   const int64_t s = p.kv.slot_mapping[t];
   if (s < 0 || s >= int64_t(p.kv.num_pages) * p.kv.page_size) return;  // skipped slot
   j -= q_items;
   if (j >= k_items) {  // element j - k_items of the token's v row [H, Dv]
-    const int64_t e = j - k_items, n = int64_t(H) * p.kv.head_dim_v;
-    static_cast<T*>(p.kv.v_pages)[s * n + e] = static_cast<const T*>(p.kv.v_new)[t * n + e];
+    const int32_t e = static_cast<int32_t>(j - k_items), Dv = p.kv.head_dim_v, h = e / Dv;
+    static_cast<T*>(p.kv.v_pages)[s * H * Dv + e] =
+        static_cast<const T*>(l.v_src)[t * l.v_token + h * l.v_head + (e - h * Dv)];
     return;
   }
   rope_item<T, kStyle>(r, r.positions[t], static_cast<int32_t>(j),
-                       static_cast<const T*>(p.kv.k_new) + t * H * r.head_dim,
-                       static_cast<T*>(p.kv.k_pages) + s * H * r.head_dim, H);
+                       static_cast<const T*>(l.k_src) + t * l.k_token,
+                       static_cast<T*>(p.kv.k_pages) + s * H * r.head_dim, H,
+                       StridedHeads{l.k_head});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -106,7 +127,8 @@ __device__ __forceinline__ T rotated_feature(const RopeParams& r, const float* c
 }
 
 template <typename T, RopeStyle kStyle, CacheDType CT>
-__global__ void __launch_bounds__(kThreads) append_rope_quant_kernel(const AppendKVRopeParams p) {
+__global__ void __launch_bounds__(kThreads)
+    append_rope_quant_kernel(const AppendKVRopeParams p, const NewRowLayout l) {
   constexpr DType DT = DTypeOf<T>::value;
   using TI = typename KV::InElem<DT>::T;  // the storage type append_kv's quantisation reads
   __shared__ float cos_t[kMaxRotaryDim / 2], sin_t[kMaxRotaryDim / 2];
@@ -125,17 +147,17 @@ __global__ void __launch_bounds__(kThreads) append_rope_quant_kernel(const Appen
   }
   __syncthreads();
   if (r.heads > 0) {  // the queries, as apply_rope
-    const int64_t row_q = t * r.heads * int64_t(r.head_dim);
-    const T* q = static_cast<const T*>(r.x) + row_q;
-    T* q_out = static_cast<T*>(r.out) + row_q;
+    const T* q = static_cast<const T*>(l.q_src) + t * l.q_token;
+    T* q_out = static_cast<T*>(r.out) + t * r.heads * int64_t(r.head_dim);
     const int32_t per_group = half + (r.head_dim - r.rotary_dim);
     const int32_t items = static_cast<int32_t>(rope_items(r.rotary_dim, r.head_dim, r.heads));
     for (int32_t w = threadIdx.x; w < items; w += kThreads) {
       const int32_t j = w % per_group, h0 = (w / per_group) * rope_cuda::kHeadsPerItem;
       if (j < half)
-        rotate_pair_heads<T, kStyle>(r, j, cos_t[j], sin_t[j], q, q_out, h0, r.heads);
+        rotate_pair_heads<T, kStyle>(r, j, cos_t[j], sin_t[j], q, q_out, h0, r.heads,
+                                     QueryHeads{l});
       else
-        copy_feature_heads(r, r.rotary_dim + (j - half), q, q_out, h0, r.heads);
+        copy_feature_heads(r, r.rotary_dim + (j - half), q, q_out, h0, r.heads, QueryHeads{l});
     }
   }
   if (!write) return;
@@ -149,7 +171,7 @@ __global__ void __launch_bounds__(kThreads) append_rope_quant_kernel(const Appen
     if (row < H) {
       // The row apply_rope would store, staged in shared memory, then quantised by append_kv's
       // own warp routine.
-      const T* x = static_cast<const T*>(p.kv.k_new) + (t * H + row) * D;
+      const T* x = static_cast<const T*>(l.k_src) + t * l.k_token + row * l.k_head;
       for (int32_t d = lane; d < r.head_dim; d += 32)
         rotated[d] = rotated_feature<T, kStyle>(r, cos_t, sin_t, x, d);
       __syncwarp();
@@ -161,7 +183,7 @@ __global__ void __launch_bounds__(kThreads) append_rope_quant_kernel(const Appen
     } else {
       const int64_t h = row - H;
       float* scale = per_token ? p.kv.v_scale + s * H + h : p.kv.v_scale + h;
-      KV::quantize_row_warp<DT, CT, 1>(static_cast<const TI*>(p.kv.v_new) + (t * H + h) * Dv,
+      KV::quantize_row_warp<DT, CT, 1>(static_cast<const TI*>(l.v_src) + t * l.v_token + h * l.v_head,
                                        static_cast<uint8_t*>(p.kv.v_pages) + (s * H + h) * Dv,
                                        Dv, scale, per_token, lane);
     }
@@ -174,6 +196,7 @@ __global__ void __launch_bounds__(kThreads) append_rope_quant_kernel(const Appen
 template <typename T, RopeStyle kStyle>
 cudaError_t launch_style(const AppendKVRopeParams& p, cudaStream_t stream) {
   const RopeParams& r = p.rope;
+  const NewRowLayout l = new_row_layout(p);
   const int64_t T_ = p.kv.num_tokens;  // 0 < T < 2^31 (checked by the caller)
   const bool quantized =
       p.kv.cache_dtype == CacheDType::kInt8 || p.kv.cache_dtype == CacheDType::kFloat8E4M3;
@@ -183,10 +206,10 @@ cudaError_t launch_style(const AppendKVRopeParams& p, cudaStream_t stream) {
     const size_t smem = static_cast<size_t>(kWarps * row_bytes);
     if (p.kv.cache_dtype == CacheDType::kInt8)
       append_rope_quant_kernel<T, kStyle, CacheDType::kInt8>
-          <<<static_cast<unsigned>(T_), kThreads, smem, stream>>>(p);
+          <<<static_cast<unsigned>(T_), kThreads, smem, stream>>>(p, l);
     else
       append_rope_quant_kernel<T, kStyle, CacheDType::kFloat8E4M3>
-          <<<static_cast<unsigned>(T_), kThreads, smem, stream>>>(p);
+          <<<static_cast<unsigned>(T_), kThreads, smem, stream>>>(p, l);
   } else {
     // As the kernel counts: the query items (when q is rotated too), the key items, Hkv * Dv.
     const int64_t per_token =
@@ -195,7 +218,8 @@ cudaError_t launch_style(const AppendKVRopeParams& p, cudaStream_t stream) {
         int64_t(p.kv.num_heads_k) * p.kv.head_dim_v;
     const int64_t blocks = (T_ * per_token + kThreads - 1) / kThreads;
     if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
-    append_rope_plain_kernel<T, kStyle><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
+    append_rope_plain_kernel<T, kStyle>
+        <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p, l);
   }
   return cudaGetLastError();
 }

@@ -25,6 +25,11 @@ struct AppendKVRopeParams {
   // describes the queries: rope.x = q [T, Hq, D], rope.out = q_out [T, Hq, D], rope.heads = Hq
   // (a multiple of kv.num_heads_k; 0 when no queries are rotated, then x and out are unused).
   RopeParams rope;
+  // Where the new rows come from. 0: the three arrays above (kv.k_new, kv.v_new, rope.x). G > 0:
+  // one packed array rope.x [T, Hkv, G + 2, D] (a fused q/k/v projection's output grouped by kv
+  // head: its G query heads, then its key row, then its value row; D == Dv, rope.heads = G *
+  // Hkv); kv.k_new and kv.v_new are unused. The results are the same bits either way.
+  int32_t qkv_group;
 };
 
 // Whether p describes a call the kernels can run (the FFI handlers check it with messages; the
@@ -37,7 +42,51 @@ inline bool rope_append_consistent(const AppendKVRopeParams& p) {
          r.heads % p.kv.num_heads_k == 0 &&
          (r.style == RopeStyle::kNeox || r.style == RopeStyle::kGptj) &&
          (p.kv.num_tokens == 0 || r.positions != nullptr) &&
-         (r.heads == 0 || p.kv.num_tokens == 0 || (r.x != nullptr && r.out != nullptr));
+         (r.heads == 0 || p.kv.num_tokens == 0 || (r.x != nullptr && r.out != nullptr)) &&
+         (p.qkv_group == 0 || (p.qkv_group > 0 && r.heads == p.qkv_group * p.kv.num_heads_k &&
+                               p.kv.head_dim_v == r.head_dim));
+}
+
+// Where token t's new rows lie, for either layout (qkv_group), in elements: query head h at
+// q_src + t * q_token + q_head(h); kv head h's key row at k_src + t * k_token + h * k_head, its
+// value row at v_src + t * v_token + h * v_head.
+struct NewRowLayout {
+  const void* q_src;
+  const void* k_src;
+  const void* v_src;
+  int64_t q_token, q_group_stride, k_token, k_head, v_token, v_head;
+  int32_t group, head_dim;
+
+  JAX_FLASH_HD int64_t q_head(int32_t h) const {
+    return (h / group) * q_group_stride + int64_t(h % group) * head_dim;
+  }
+};
+
+inline NewRowLayout new_row_layout(const AppendKVRopeParams& p) {
+  const int64_t H = p.kv.num_heads_k, D = p.kv.head_dim, Dv = p.kv.head_dim_v;
+  const int32_t G = p.rope.heads > 0 ? static_cast<int32_t>(p.rope.heads / H) : 1;
+  NewRowLayout l;
+  l.group = G;
+  l.head_dim = static_cast<int32_t>(D);
+  l.q_src = p.rope.x;
+  if (p.qkv_group > 0) {
+    const int64_t row = (G + 2) * D;  // one kv head's rows: G queries, its key, its value
+    const int64_t elem = dtype_size(p.kv.dtype);
+    l.k_src = static_cast<const char*>(p.rope.x) + G * D * elem;
+    l.v_src = static_cast<const char*>(p.rope.x) + (G + 1) * D * elem;
+    l.q_token = l.k_token = l.v_token = H * row;
+    l.q_group_stride = l.k_head = l.v_head = row;
+  } else {
+    l.k_src = p.kv.k_new;
+    l.v_src = p.kv.v_new;
+    l.q_token = int64_t(p.rope.heads) * D;
+    l.q_group_stride = G * D;
+    l.k_token = H * D;
+    l.k_head = D;
+    l.v_token = H * Dv;
+    l.v_head = Dv;
+  }
+  return l;
 }
 
 }  // namespace jax_flash

@@ -60,18 +60,27 @@ __host__ __device__ constexpr int64_t rope_items(int32_t rotary_dim, int32_t hea
          ((int64_t(heads) + kHeadsPerItem - 1) / kHeadsPerItem);
 }
 
-// Pair i rotated in heads [h0, min(h0 + kHeadsPerItem, heads)) of x [heads, head_dim] into out.
-template <typename T, RopeStyle kStyle>
+// Where head h's row starts in x, in elements: apply_rope's x [heads, head_dim] (DenseHeads);
+// the fused RoPE + cache write also reads rows at other strides (kv_cache_rope.cuh). out is
+// always [heads, head_dim].
+struct DenseHeads {
+  __device__ __forceinline__ int64_t operator()(const RopeParams& p, int32_t h) const {
+    return static_cast<int64_t>(h) * p.head_dim;
+  }
+};
+
+// Pair i rotated in heads [h0, min(h0 + kHeadsPerItem, heads)) of x (rows at in_head) into out.
+template <typename T, RopeStyle kStyle, class InHead = DenseHeads>
 __device__ __forceinline__ void rotate_pair_heads(const RopeParams& p, int32_t i, float c,
                                                   float s, const T* x, T* out, int32_t h0,
-                                                  int32_t heads) {
+                                                  int32_t heads, InHead in_head = {}) {
   const int32_t ia = rope::first_of_pair(kStyle, i);
   const int32_t ib = rope::second_of_pair(kStyle, i, p.rotary_dim);
   T xa[kHeadsPerItem], xb[kHeadsPerItem];
 #pragma unroll
   for (int32_t k = 0; k < kHeadsPerItem; ++k) {
-    const int64_t o = static_cast<int64_t>(h0 + k) * p.head_dim;
     if (h0 + k < heads) {
+      const int64_t o = in_head(p, h0 + k);
       xa[k] = x[o + ia];
       xb[k] = x[o + ib];
     }
@@ -89,13 +98,14 @@ __device__ __forceinline__ void rotate_pair_heads(const RopeParams& p, int32_t i
 }
 
 // Pass-through feature d (>= rotary_dim) copied in heads [h0, min(h0 + kHeadsPerItem, heads)).
-template <typename T>
+template <typename T, class InHead = DenseHeads>
 __device__ __forceinline__ void copy_feature_heads(const RopeParams& p, int32_t d, const T* x,
-                                                   T* out, int32_t h0, int32_t heads) {
+                                                   T* out, int32_t h0, int32_t heads,
+                                                   InHead in_head = {}) {
   T v[kHeadsPerItem];
 #pragma unroll
   for (int32_t k = 0; k < kHeadsPerItem; ++k)
-    if (h0 + k < heads) v[k] = x[static_cast<int64_t>(h0 + k) * p.head_dim + d];
+    if (h0 + k < heads) v[k] = x[in_head(p, h0 + k) + d];
 #pragma unroll
   for (int32_t k = 0; k < kHeadsPerItem; ++k)
     if (h0 + k < heads) out[static_cast<int64_t>(h0 + k) * p.head_dim + d] = v[k];
@@ -106,9 +116,9 @@ __device__ __forceinline__ void copy_feature_heads(const RopeParams& p, int32_t 
 // features of a head, so loads and stores coalesce). j < rotary_dim / 2 rotates pair j (one
 // sincosf shared by the group's heads); the others copy feature rotary_dim + (j - rotary_dim /
 // 2).
-template <typename T, RopeStyle kStyle>
+template <typename T, RopeStyle kStyle, class InHead = DenseHeads>
 __device__ __forceinline__ void rope_item(const RopeParams& p, int32_t position, int32_t w,
-                                          const T* x, T* out, int32_t heads) {
+                                          const T* x, T* out, int32_t heads, InHead in_head = {}) {
   const int32_t half = p.rotary_dim / 2;
   const int32_t per_group = half + (p.head_dim - p.rotary_dim);
   const int32_t h0 = (w / per_group) * kHeadsPerItem;
@@ -116,9 +126,9 @@ __device__ __forceinline__ void rope_item(const RopeParams& p, int32_t position,
   if (j < half) {
     float c, s;
     pair_cos_sin(p.inv_freq[j], position, &c, &s);
-    rotate_pair_heads<T, kStyle>(p, j, c, s, x, out, h0, heads);
+    rotate_pair_heads<T, kStyle>(p, j, c, s, x, out, h0, heads, in_head);
   } else {
-    copy_feature_heads(p, p.rotary_dim + (j - half), x, out, h0, heads);
+    copy_feature_heads(p, p.rotary_dim + (j - half), x, out, h0, heads, in_head);
   }
 }
 
