@@ -347,8 +347,13 @@ PACKED_HEADS = [(3, 9), (4, 4), (2, 8)]
 def test_packed_bit_equal(platform, rng, dtype, heads, cache, scale):
     """append_qkv equals append_kv of the sliced rows bit for bit (which equals apply_rope then
     append_kv: test_fused_bit_equal), the "xla" path included."""
+    h, c = PACKED_HEADS.index(heads), CACHES.index((cache, scale))
+    if platform.name == "cpu" and c != (list(DTYPES).index(dtype) + h) % len(CACHES):
+        # The CPU kernel copies packed rows apart, then runs the code test_fused_bit_equal checks
+        # for every cache: one cache per dtype and head split (each cache type at least once).
+        pytest.skip("packed rows on the CPU kernel: one cache per dtype and head split")
     Hkv, Hq = heads
-    rope_id, rope, D = ROPES[PACKED_HEADS.index(heads)]  # both styles, partial rotation
+    rope_id, rope, D = ROPES[h]  # both styles, partial rotation
     case = make_case(rng, DTYPES[dtype], cache, scale, T=23, Hkv=Hkv, Hq=Hq, D=D)
     args = (rope, *case[:7], case[7])
     want = _run(fused, platform, *args)
