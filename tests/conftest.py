@@ -61,6 +61,21 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, (os.cpu_count() or 2) // 2) if CUDA_SKIP is None else None
 
 
+def pytest_configure(config):
+    """Under xdist (`-n`), workers that run out of tests take pending ones from busy workers
+    ("worksteal") instead of each working through the fixed share "load" handed it: the suite's
+    end is then not one worker finishing a long queue while the other idles."""
+    if getattr(config.option, "numprocesses", None) and config.option.dist == "load":
+        config.option.dist = "worksteal"
+
+
+def pytest_collection_modifyitems(config, items):
+    """The multi-device child runs (each re-runs its file in a subprocess on several host
+    devices: 15-65 s apiece on CI's two cores) first, so that they never come last."""
+    del config
+    items.sort(key=lambda item: "host_devices" not in item.name)
+
+
 _ON_GPU = pytest.mark.skipif(CUDA_SKIP is not None, reason=str(CUDA_SKIP))
 PLATFORMS = ["cpu", pytest.param("cuda", marks=_ON_GPU)]
 # The paged decode attention has two CUDA kernels; tests of it run each one (PagedLaunch).
