@@ -1,5 +1,6 @@
 """append_kv with the fused RoPE (positions=, rope=, q=) against apply_rope then append_kv:
-bit-equal on every platform, and against the jnp reference path."""
+bit-equal on every platform, and against the jnp reference path; append_qkv (the same call
+from packed q/k/v rows) against append_kv of the slices."""
 
 import functools
 
