@@ -266,7 +266,7 @@ def append_qkv(
             f"{op}: qkv [T, Hkv, G + 2, D] needs at least one query head per kv head (G >= 1), "
             f"got shape {tuple(qkv.shape)}"
         )
-    check_cache(op, k_pages, v_pages, k_scale, v_scale, head_dim=D, dtype=qkv.dtype)
+    mode = check_cache(op, k_pages, v_pages, k_scale, v_scale, head_dim=D, dtype=qkv.dtype)
     if k_pages.shape[2] != Hkv or v_pages.shape[3] != D:
         raise ValueError(
             f"{op}: qkv [T, Hkv, G + 2, D] = {tuple(qkv.shape)} does not match the pages "
@@ -276,7 +276,6 @@ def append_qkv(
     positions, style, rd, inv_freq = _rope_config(
         op, positions, rope, T, D, f"qkv {tuple(qkv.shape)}"
     )
-    mode = check_cache(op, k_pages, v_pages, k_scale, v_scale)
     _checks.implementation(op, implementation)
     if implementation == "xla":
         q, k_new, v_new = reference.split_qkv(qkv)

@@ -237,6 +237,13 @@ def _stack_caches(args, dims, size, config, per_head_read=False):
     return flat, P, page, dataclasses.replace(config, scale_mode=mode)
 
 
+def _shift_slots(slots, size: int, instance_slots: int):
+    """Slots ``[size, T]`` of each instance's own cache, as slots of the caches stacked along
+    pages (instance i's shifted by i * instance_slots); the ones it skips stay skipped (-1)."""
+    off = (jnp.arange(size, dtype=jnp.int32) * instance_slots)[:, None]
+    return jnp.where((slots >= 0) & (slots < instance_slots), slots + off, -1)
+
+
 def _scales_mapped_per_head(dims, config) -> bool:
     return config.scale_mode == 1 and (dims[2] is not NOT_MAPPED or dims[3] is not NOT_MAPPED)
 
@@ -271,8 +278,7 @@ def _batch_append(args, dims, *, config):
     size = next(x.shape[d] for x, d in zip(args, dims, strict=True) if d is not NOT_MAPPED)
     flat, P, page, config_b = _stack_caches(args, dims, size, config, per_head_read=True)
     k_new, v_new, slots = (batch_first(x, d, size) for x, d in zip(args[4:], dims[4:], strict=True))
-    off = (jnp.arange(size, dtype=jnp.int32) * (P * page))[:, None]
-    slots = jnp.where((slots >= 0) & (slots < P * page), slots + off, -1)
+    slots = _shift_slots(slots, size, P * page)
     outs = append_kv_p.bind(
         *flat,
         k_new.reshape(-1, *k_new.shape[2:]),
@@ -292,8 +298,7 @@ def _batch_append_rope(args, dims, *, config):
     k_new, v_new, slots, positions, q = (
         batch_first(x, d, size) for x, d in zip(args[4:], dims[4:], strict=True)
     )
-    off = (jnp.arange(size, dtype=jnp.int32) * (P * page))[:, None]
-    slots = jnp.where((slots >= 0) & (slots < P * page), slots + off, -1)
+    slots = _shift_slots(slots, size, P * page)
     outs = append_kv_rope_p.bind(
         *flat,
         k_new.reshape(-1, *k_new.shape[2:]),
@@ -316,8 +321,7 @@ def _batch_append_qkv_rope(args, dims, *, config):
     qkv, slots, positions = (
         batch_first(x, d, size) for x, d in zip(args[4:], dims[4:], strict=True)
     )
-    off = (jnp.arange(size, dtype=jnp.int32) * (P * page))[:, None]
-    slots = jnp.where((slots >= 0) & (slots < P * page), slots + off, -1)
+    slots = _shift_slots(slots, size, P * page)
     outs = append_qkv_rope_p.bind(
         *flat,
         qkv.reshape(-1, *qkv.shape[2:]),
