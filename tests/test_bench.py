@@ -345,3 +345,33 @@ def test_use_build_imports_the_named_build(tmp_path):
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == "the other build ['--flag', '1']"
         assert f"jax_flash from {fake / '__init__.py'}" in done.stderr
+
+
+def test_ncu_hotspots_reads_a_source_page(tmp_path):
+    """tools/gpu/ncu_hotspots.py on a small CSV shaped as ncu's `--page source --csv`: the stall
+    shares, the hottest line with its main reason, and the bank-conflicted store."""
+    import importlib.util
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location(
+        "ncu_hotspots", root / "tools" / "gpu" / "ncu_hotspots.py"
+    )
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    header = ["Address", "Source", tool.SAMPLES, "stall_barrier", "stall_wait",
+              "stall_barrier (Not Issued)", tool.EXCESS, "L1 Wavefronts Shared"]  # fmt: skip
+    lines = [
+        '"Kernel Name","k"',
+        ",".join(f'"{h}"' for h in header),
+        '"0x0","BAR.SYNC 0x1","30","24","6","24","0","0"',
+        '"0x10","STS.64 [R9], R1","10","0","10","0","1,024","2,048"',
+    ]
+    path = tmp_path / "k.csv"
+    path.write_text("\n".join(lines) + "\n")
+    preamble, rows = tool.read(str(path))
+    assert preamble == [["Kernel Name", "k"]] and len(rows) == 2
+    text = " ".join(tool.report(rows, top=5).split())
+    assert "40 warp samples barrier 60.0% wait 40.0%" in text
+    assert "BAR.SYNC 0x1 barrier 24, wait 6" in text
+    assert "bank conflicts): 1024 of 2048 STS.64 [R9], R1" in text
