@@ -388,9 +388,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       wgmma_commit();
     }
     if constexpr (kDkAfterDq) issue_dkv(false, true);
-    // Every thread is past visit it - 1: its stage takes the loads of visit it + S - 1. Here,
-    // under the GEMMs in flight, so that the first warp's wait for its lse/Delta loads delays
-    // no GEMM issue.
+    // Every thread is past visit it - 1: its stage takes the loads of visit it + S - 1 (issued
+    // here, under the GEMMs in flight).
     if (tid == 0 && it + S - 1 < v.items) issue_loads(it + S - 1);
     wgmma_wait<kDkAfterDq ? 1 : 0>();  // dV and dQ (and dK unless it runs under the staging)
     if constexpr (Tr::kOverlapDkv) {
