@@ -5,9 +5,9 @@
 // (wgmma's M is 64 per warpgroup) and their dK/dV accumulators. A visit is one query block of
 // kBlockM = 64 rows of one query head. No producer warpgroup: with 384 threads ptxas caps every
 // thread at 168 registers whatever setmaxnreg later grants (measured: dK, dV, S^T and dP^T at
-// head dim 128 spill there), while 256 threads may use 255. The first warp issues the loads
-// instead: TMA for K/V (once) and for the Q/dO tiles kStages - 1 visits ahead, plain loads for
-// lse/Delta.
+// head dim 128 spill there), while 256 threads may use 255. Thread 0 issues the loads
+// instead, all by TMA: K/V (once), and the Q/dO tiles and lse/Delta rows kStages - 1 visits
+// ahead.
 //
 // Shared memory (regions 1024-byte aligned, the 128-byte swizzle's period): K and V
 // ([kBlockN][head_dim], head_dim / 64 column panels of 128-byte rows, TMA's SWIZZLE_128B), a

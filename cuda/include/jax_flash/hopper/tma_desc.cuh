@@ -34,9 +34,8 @@ inline bool sm90a_code_runs_here() {
 // box_rows rows, 128-byte swizzled (box_cols * elem_bytes must be 128 at most); elements past the
 // tensor read as zeros (and are skipped by stores and reductions). False when the driver
 // rejects it.
-inline bool make_tensor_map_3d(CUtensorMap* map, const void* ptr, CUtensorMapDataType type,
-                               int elem_bytes, int cols, int heads, int rows, int64_t row_stride,
-                               int box_cols, int box_rows) {
+// The driver's cuTensorMapEncodeTiled (null when the driver has none).
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult res;
@@ -46,6 +45,13 @@ inline bool make_tensor_map_3d(CUtensorMap* map, const void* ptr, CUtensorMapDat
       fn = nullptr;
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
+  return encode;
+}
+
+inline bool make_tensor_map_3d(CUtensorMap* map, const void* ptr, CUtensorMapDataType type,
+                               int elem_bytes, int cols, int heads, int rows, int64_t row_stride,
+                               int box_cols, int box_rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return false;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(heads),
                               static_cast<cuuint64_t>(rows)};
@@ -57,6 +63,24 @@ inline bool make_tensor_map_3d(CUtensorMap* map, const void* ptr, CUtensorMapDat
   return encode(map, type, 3, const_cast<void*>(ptr), dims, strides, box, elem_strides,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// A 2-d tensor map over `rows` rows of `cols` float32 values, `row_stride` values apart (a
+// multiple of 4: TMA's strides are multiples of 16 bytes; the base 16-byte aligned), boxes of
+// box_cols values (a multiple of 4, at most 256) of one row at any column, unswizzled; values
+// past a row's `cols` or past the rows read as zeros. False when the driver rejects it.
+inline bool make_tensor_map_rows_f32(CUtensorMap* map, const float* ptr, int64_t cols, int rows,
+                                     int64_t row_stride, int box_cols) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr || cols <= 0 || rows <= 0) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_stride) * 4};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), 1};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float*>(ptr), dims, strides,
+                box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                CU_TENSOR_MAP_L2_PROMOTION_NONE,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
