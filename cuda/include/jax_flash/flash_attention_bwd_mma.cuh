@@ -480,10 +480,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const int r = idx / kDT;
     const int c = kv_c0 + idx % kDT;
     if (v.n0 + kr0 + r < v.k_len && (!kPad || c * 8 < hd)) {
-      *reinterpret_cast<uint4*>(dk + static_cast<int64_t>(r) * p.dk_row_stride + c * 8) =
-          ld_shared_v4(sK + swizzle<Tr::kChunks>(kr0 + r, c));
-      *reinterpret_cast<uint4*>(dv + static_cast<int64_t>(r) * p.dv_row_stride + c * 8) =
-          ld_shared_v4(sV + swizzle<Tr::kChunks>(kr0 + r, c));
+      st_global_v4(dk + static_cast<int64_t>(r) * p.dk_row_stride + c * 8,
+                   ld_shared_v4(sK + swizzle<Tr::kChunks>(kr0 + r, c)));
+      st_global_v4(dv + static_cast<int64_t>(r) * p.dv_row_stride + c * 8,
+                   ld_shared_v4(sV + swizzle<Tr::kChunks>(kr0 + r, c)));
     }
   }
 }
