@@ -19,7 +19,8 @@ void append_kv_cpu(const AppendKVParams& p);
 // apply_rope_cpu (when p.rope.heads > 0), then writes as append_kv_cpu, each written token's K
 // row first rotated by apply_rope_cpu_range (cpu/rope.h) into a scratch row of its work item.
 // Both run apply_rope's own code, so the results equal apply_rope then append_kv bit for bit.
-// Packed rows (p.qkv_group > 0) are first copied apart into the three arrays. Never throws; parameters that are not rope_append_consistent make it return without writing.
+// Packed rows (p.qkv_group > 0) are first copied apart into the three arrays. Never throws;
+// parameters that are not rope_append_consistent make it return without writing.
 void append_kv_rope_cpu(const AppendKVRopeParams& p);
 
 // Copies page src[i] to page dst[i] (K, V and, when k_scale / v_scale are set, the per-token

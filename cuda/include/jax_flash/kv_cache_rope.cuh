@@ -183,7 +183,8 @@ __global__ void __launch_bounds__(kThreads)
     } else {
       const int64_t h = row - H;
       float* scale = per_token ? p.kv.v_scale + s * H + h : p.kv.v_scale + h;
-      KV::quantize_row_warp<DT, CT, 1>(static_cast<const TI*>(l.v_src) + t * l.v_token + h * l.v_head,
+      const TI* v_row = static_cast<const TI*>(l.v_src) + t * l.v_token + h * l.v_head;
+      KV::quantize_row_warp<DT, CT, 1>(v_row,
                                        static_cast<uint8_t*>(p.kv.v_pages) + (s * H + h) * Dv,
                                        Dv, scale, per_token, lane);
     }
