@@ -28,14 +28,16 @@ namespace jax_flash {
 // allocator accepts; its allocations are 256-byte aligned in practice),
 // at offsets that are multiples of 256 bytes:
 //   delta     [num_heads, row_stride]              float32   every path
+//   lse_log2  [num_heads, row_stride]              float32   tensor-core path, right after delta
+//             (no gap: a head's Delta and lse rows are one [2][num_heads][row_stride] tensor, of
+//             which the Hopper kernel loads both rows of a visit by one TMA box): the forward's
+//             lse in log2 units, +inf where it is -inf (such rows get weight exp2(-inf) = 0),
+//             written with Delta
 //   dq_accum  [total_q, num_heads, head_dim]       float32   tensor-core path (atomics target)
-//   lse_log2  [num_heads, row_stride]              float32   tensor-core path: the forward's lse
-//             in log2 units, +inf where it is -inf (such rows get weight exp2(-inf) = 0), written
-//             with Delta (the Hopper kernel loads rows of both by TMA, no conversion on its way)
-// row_stride: total_q on the SIMT path, total_q rounded up to 4 on the tensor-core paths (a
-// head's row then starts 16-byte aligned, as TMA's 2-d tensor maps need).
 //   dq_turn   [num_heads, q_tile_slots]            int32     tensor-core deterministic path:
 //             how many key blocks have added their dQ share to each (head, query tile)
+// row_stride: total_q on the SIMT path, total_q rounded up to 4 on the tensor-core paths (every
+// row then starts 16-byte aligned, as TMA's strides must be).
 // ---------------------------------------------------------------------------------------------
 
 struct FlashBwdWorkspace {
@@ -54,15 +56,18 @@ inline int64_t flash_bwd_row_stride(const FlashParams& p, int32_t q_block) {
   return q_block > 0 ? (int64_t{p.total_q} + 3) / 4 * 4 : p.total_q;
 }
 
+// Bytes of delta (and lse_log2 after it, on a tensor-core path).
+inline int64_t flash_bwd_rows_bytes(const FlashParams& p, int32_t q_block) {
+  return int64_t{4} * (q_block > 0 ? 2 : 1) * p.num_heads * flash_bwd_row_stride(p, q_block);
+}
+
 // Bytes of workspace the launcher of one path needs (`q_block` is its query tile; 0 for a path
 // without a dQ accumulator).
 inline int64_t flash_bwd_workspace_bytes(const FlashParams& p, int32_t q_block,
                                          bool deterministic) {
-  const int64_t rows = int64_t{4} * p.num_heads * flash_bwd_row_stride(p, q_block);
-  int64_t bytes = flash_bwd_align256(rows);
+  int64_t bytes = flash_bwd_align256(flash_bwd_rows_bytes(p, q_block));
   if (q_block > 0) {
     bytes += flash_bwd_align256(int64_t{4} * p.total_q * p.num_heads * p.head_dim);
-    bytes += flash_bwd_align256(rows);
     if (deterministic) bytes += flash_bwd_align256(int64_t{4} * p.num_heads *
                                                    flash_num_tile_slots(p, q_block));
   }
@@ -74,14 +79,12 @@ inline FlashBwdWorkspace flash_bwd_workspace(const FlashBwdParams& p, int32_t q_
   char* base = static_cast<char*>(p.workspace);
   FlashBwdWorkspace w{};
   w.row_stride = flash_bwd_row_stride(f, q_block);
-  const int64_t rows = int64_t{4} * f.num_heads * w.row_stride;
   w.delta = reinterpret_cast<float*>(base);
-  base += flash_bwd_align256(rows);
+  base += flash_bwd_align256(flash_bwd_rows_bytes(f, q_block));
   if (q_block > 0) {
+    w.lse_log2 = w.delta + int64_t{f.num_heads} * w.row_stride;
     w.dq_accum = reinterpret_cast<float*>(base);
     base += flash_bwd_align256(int64_t{4} * f.total_q * f.num_heads * f.head_dim);
-    w.lse_log2 = reinterpret_cast<float*>(base);
-    base += flash_bwd_align256(rows);
     if (p.deterministic) {
       w.dq_turn = reinterpret_cast<int32_t*>(base);
       w.q_tile_slots = flash_num_tile_slots(f, q_block);

@@ -81,8 +81,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                             const __grid_constant__ CUtensorMap tm_v,
                             const __grid_constant__ CUtensorMap tm_do,
                             const __grid_constant__ CUtensorMap tm_dq,
-                            const __grid_constant__ CUtensorMap tm_lse,
-                            const __grid_constant__ CUtensorMap tm_delta) {
+                            const __grid_constant__ CUtensorMap tm_rows) {
 #if defined(JAX_FLASH_SM90A)
   using mma_detail::fast_exp2;
   using mma_detail::pack2;
@@ -106,8 +105,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const uint32_t sdO = base + Tr::kOffDo;
   const uint32_t sdS = base + Tr::kOffDs;
   const uint32_t sDq = base + Tr::kOffDq;
-  float* s_lse = reinterpret_cast<float*>(base_ptr + Tr::kOffLse);      // [S][BM]
-  float* s_delta = reinterpret_cast<float*>(base_ptr + Tr::kOffDelta);  // [S][BM]
+  // [S][kRowsStage]: per stage Delta, then lse in log2 units (kRowsBox entries each, from the
+  // 16-byte aligned row at or before the visit's first).
+  float* s_rows = reinterpret_cast<float*>(base_ptr + Tr::kOffRows);
   const uint32_t bars = base + Tr::kOffBars;
   const uint32_t kv_full = bars;
   auto q_full = [&](int s) { return bars + 8 + 8 * s; };
@@ -137,15 +137,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   // The loads of visit `it` into stage it % S, all by TMA from one thread: Q and dO tiles, and
   // the visit's rows of lse (log2 units, +inf where it is -inf: weights exp2(-inf) = 0; the
-  // workspace's lse_log2, written with Delta) and Delta. Rows past the sequence bring another
-  // sequence's values (or zeros past the tensors): the consumers overwrite them (below). No
-  // thread waits here for a global load, so the loads stay off the warpgroups' barriers.
+  // workspace's lse_log2, written with Delta) and Delta, in one box from the 16-byte aligned
+  // row at or before the first. Rows past the sequence bring another sequence's values (or
+  // zeros past the tensors): the consumers overwrite them (below). No thread waits here for a
+  // global load, so the loads stay off the warpgroups' barriers.
   auto issue_loads = [&](int it) {
     const int st = it % S;
     int h, m;
     visit(it, &h, &m);
     const int m0 = m * BM;
-    mbar_arrive_expect_tx(q_full(st), 2 * Tr::kSmemQ + 2 * BM * 4);
+    mbar_arrive_expect_tx(q_full(st), 2 * Tr::kSmemQ + 2 * Tr::kRowsBox * 4);
 #pragma unroll
     for (int c = 0; c < Tr::kPanels; ++c) {
       tma_load_3d(sQ + st * Tr::kSmemQ + c * Tr::kPanelQ, &tm_q, q_full(st), c * 64, h,
@@ -153,16 +154,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       tma_load_3d(sdO + st * Tr::kSmemQ + c * Tr::kPanelQ, &tm_do, q_full(st), c * 64, h,
                   e.q_start + m0);
     }
-    tma_load_2d(smem_u32(s_lse + st * BM), &tm_lse, q_full(st), e.q_start + m0, h);
-    tma_load_2d(smem_u32(s_delta + st * BM), &tm_delta, q_full(st), e.q_start + m0, h);
+    tma_load_3d(smem_u32(s_rows + st * Tr::kRowsStage), &tm_rows, q_full(st),
+                (e.q_start + m0) & ~3, h, 0);
   };
   if (tid == 0) {
     tma_prefetch_desc(&tm_q);
     tma_prefetch_desc(&tm_k);
     tma_prefetch_desc(&tm_v);
     tma_prefetch_desc(&tm_do);
-    tma_prefetch_desc(&tm_lse);
-    tma_prefetch_desc(&tm_delta);
+    tma_prefetch_desc(&tm_rows);
     mbar_arrive_expect_tx(kv_full, 2 * Tr::kSmemKV);
 #pragma unroll
     for (int c = 0; c < Tr::kPanels; ++c) {
@@ -215,14 +215,18 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const uint32_t do_st = sdO + stage * Tr::kSmemQ;
     const uint32_t ds_buf = sdS + (it & 1) * Tr::kSmemDs;
 
+    // This visit's Delta and lse (log2 units) rows in the stage.
+    float* delta_st = s_rows + stage * Tr::kRowsStage + ((e.q_start + m0) & 3);
+    float* lse_st = delta_st + Tr::kRowsBox;
+
     mbar_wait(q_full(stage), phase);
     if (rows < BM) {
       zero_tile_rows(q_st, Tr::kPanels, Tr::kPanelQ, BM, rows, ctid);
       zero_tile_rows(do_st, Tr::kPanels, Tr::kPanelQ, BM, rows, ctid);
       // Rows past the sequence: weight 0 (lse +inf) and Delta 0, whatever the TMA brought.
       for (int r = rows + ctid; r < BM; r += 256) {
-        s_lse[stage * BM + r] = INFINITY;
-        s_delta[stage * BM + r] = 0.f;
+        lse_st[r] = INFINITY;
+        delta_st[r] = 0.f;
       }
       fence_proxy_async();
       named_sync(1, 256);
@@ -258,8 +262,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     visible_keys(f, m0 + rows - 1, v.q_len, v.k_len, &lo_last, &unused);
     visible_keys(f, m0, v.q_len, v.k_len, &unused, &hi_first);
     const bool need_mask = v.n0 < lo_last || v.n0 + BN > hi_first;
-    const float* lse_st = s_lse + stage * BM;
-    const float* delta_st = s_delta + stage * BM;
     // P of element i from its score x (soft-capped already), masked.
     auto weight = [&](int i, float x) {
       const int j = i / 4, hf = (i / 2) % 2, col = 8 * j + 2 * t + i % 2;
