@@ -392,8 +392,13 @@ def test_bwd_launch_is_checked_and_reaches_the_call():
         softmax_scale=1.0, softcap=0.0, window_left=-1, window_right=-1, max_seqlen_q=4,
         fill_uncovered=False, implementation=None,
     )  # fmt: skip
-    for kernel, attr in (("hopper", 1), ("mma", 0)):
-        config = bwd.FlashConfig(**cfg, _bwd_launch=FlashBwdLaunch(kernel))
+    for launch, attr in (
+        (FlashBwdLaunch("hopper"), 1),
+        (FlashBwdLaunch("mma"), 0),
+        (FlashBwdLaunch("hopper", strict=True), 2),
+        (FlashBwdLaunch("mma", strict=True), 0),
+    ):
+        config = bwd.FlashConfig(**cfg, _bwd_launch=launch)
         assert bwd._ffi_attrs(config)["hopper_kernel"] == attr
 
 

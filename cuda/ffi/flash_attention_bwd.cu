@@ -20,7 +20,8 @@ namespace jax_flash::ffi_impl {
 namespace {
 
 template <typename T>
-cudaError_t dispatch_bwd(const FlashBwdParams& p, bool hopper, bool mma, cudaStream_t stream) {
+cudaError_t dispatch_bwd(const FlashBwdParams& p, bool hopper, bool strict, bool mma,
+                         cudaStream_t stream) {
   if constexpr (!std::is_same_v<T, float>) {
     if (hopper) {
       // cudaErrorNotSupported: a TMA descriptor was rejected and nothing ran; the mma.sync
@@ -32,7 +33,7 @@ cudaError_t dispatch_bwd(const FlashBwdParams& p, bool hopper, bool mma, cudaStr
         case 128: status = run_flash_attention_bwd_hopper<T, 128>(p, stream); break;
         default: break;
       }
-      if (status != cudaErrorNotSupported) return status;
+      if (status != cudaErrorNotSupported || strict) return status;
     }
     if (mma) {
       switch (policy::flash_bwd_mma_tile_dim(p.fwd.head_dim)) {
@@ -74,6 +75,7 @@ ffi::Error FlashAttentionBwdCuda(cudaStream_t stream, ffi::ScratchAllocator scra
   // mma.sync kernel's workspace), unless the call's launch choice (hopper_kernel 0) keeps them
   // on the mma.sync / SIMT kernels.
   const bool hopper = hopper_kernel != 0 && flash_attention_bwd_hopper_supported(p);
+  const bool strict = hopper_kernel == 2;  // a rejected TMA descriptor fails the call
   const bool mma = flash_attention_bwd_mma_supported(p);
   const int64_t bytes =
       flash_bwd_workspace_bytes(p.fwd, hopper || mma ? kBwdMmaBlockM : 0, p.deterministic);
@@ -88,10 +90,16 @@ ffi::Error FlashAttentionBwdCuda(cudaStream_t stream, ffi::ScratchAllocator scra
   }
   cudaError_t status = cudaSuccess;
   switch (p.fwd.dtype) {
-    case DType::kFloat32: status = dispatch_bwd<float>(p, hopper, mma, stream); break;
-    case DType::kFloat16: status = dispatch_bwd<__half>(p, hopper, mma, stream); break;
-    case DType::kBFloat16: status = dispatch_bwd<__nv_bfloat16>(p, hopper, mma, stream); break;
+    case DType::kFloat32: status = dispatch_bwd<float>(p, hopper, strict, mma, stream); break;
+    case DType::kFloat16: status = dispatch_bwd<__half>(p, hopper, strict, mma, stream); break;
+    case DType::kBFloat16:
+      status = dispatch_bwd<__nv_bfloat16>(p, hopper, strict, mma, stream);
+      break;
   }
+  if (strict && hopper && status == cudaErrorNotSupported)
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      "jax_flash.flash_attention (backward): the driver rejected the Hopper "
+                      "backward's TMA descriptors (a strict launch does not fall back)");
   return cuda_status(kFlashBwdOp, status);
 }
 

@@ -23,7 +23,8 @@ constexpr const char* kFlashBwdOp = "flash_attention (backward)";
 // Results: dq [Tq, Hq, D], dk [Tk, Hkv, D], dv [Tk, Hkv, Dv] (dtype of q).
 // Attributes: the forward's, plus deterministic (int32) and hopper_kernel (int32, a launch
 // choice the CUDA handler reads and the CPU one ignores: 1 runs the Hopper backward where it
-// applies, 0 keeps the mma.sync backward on Hopper too).
+// applies, 2 the same but fails where the driver rejects its TMA descriptors (1 then runs the
+// mma.sync backward), 0 keeps the mma.sync backward on Hopper too).
 inline ffi::Error make_bwd_params(
     ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer o,
     ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout, ffi::Buffer<ffi::F32> dlse,

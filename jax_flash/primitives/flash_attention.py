@@ -46,9 +46,13 @@ class FlashBwdLaunch:
     (hopper/flash_bwd_kernel.cuh) on the calls it takes, "mma" keeps them on the mma.sync
     backward (the SIMT backward for the head dims that one does not take: all but 64, 128 and
     the multiples of 16 in (128, 256] with D == Dv),
-    to time both kernels in one build or to avoid the newer one."""
+    to time both kernels in one build or to avoid the newer one.
+    strict: with "hopper", a call the Hopper kernel takes but whose TMA descriptors the driver
+    rejects fails (an error naming it) instead of running the mma.sync backward, so that tests
+    and timings of the Hopper kernel cannot measure the other one unawares."""
 
     hopper_kernel: str = "hopper"
+    strict: bool = False
 
     def __post_init__(self):
         if self.hopper_kernel not in BWD_HOPPER_KERNELS:

@@ -48,11 +48,19 @@ def _abstract_eval(q, k, v, o, lse, do, dlse, q_starts, q_ends, k_starts, k_ends
 flash_attention_bwd_p.def_abstract_eval(_abstract_eval)
 
 
+def _hopper_attr(launch) -> int:
+    """The FFI attribute hopper_kernel: 0 the mma.sync backward, 1 the Hopper backward where it
+    takes the call, 2 the same but failing where its TMA descriptors are rejected."""
+    if launch.hopper_kernel != "hopper":
+        return 0
+    return 2 if launch.strict else 1
+
+
 def _ffi_attrs(config: FlashConfig) -> dict:
     return {
         **forward._ffi_attrs(config),
         "deterministic": np.int32(config.deterministic),
-        "hopper_kernel": np.int32(config._bwd_launch.hopper_kernel == "hopper"),
+        "hopper_kernel": np.int32(_hopper_attr(config._bwd_launch)),
     }
 
 

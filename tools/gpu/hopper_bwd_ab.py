@@ -61,7 +61,7 @@ def main() -> None:
             for det in (False, True):
                 fn = functools.partial(
                     jax_flash.flash_attention, causal=causal, deterministic=det,
-                    _bwd_launch=FlashBwdLaunch(kernel),
+                    _bwd_launch=FlashBwdLaunch(kernel, strict=True),  # no silent mma.sync
                 )  # fmt: skip
                 t, out = bench.loop_time(_fwd_bwd(fn), (q, k, v, do), n=10, chain=(0, 1, 2))
                 out = jax.jit(_fwd_bwd(fn))(q, k, v, do)  # unchained: comparable outputs

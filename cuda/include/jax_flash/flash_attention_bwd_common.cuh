@@ -19,6 +19,7 @@
 #include "jax_flash/flash_attention_common.cuh"
 #include "jax_flash/flash_bwd_params.h"
 #include "jax_flash/launch.cuh"
+#include "jax_flash/softmax.cuh"  // kLog2e
 
 namespace jax_flash {
 
@@ -26,26 +27,45 @@ namespace jax_flash {
 // Workspace (device scratch from the FFI handler, asked 16-byte aligned: the most XLA's FFI
 // allocator accepts; its allocations are 256-byte aligned in practice),
 // at offsets that are multiples of 256 bytes:
-//   delta     [num_heads, total_q]                 float32   every path
+//   delta     [num_heads, row_stride]              float32   every path
+//   lse_log2  [num_heads, row_stride]              float32   tensor-core path, right after delta
+//             (no gap: a head's Delta and lse rows are one [2][num_heads][row_stride] tensor, of
+//             which the Hopper kernel loads both rows of a visit by one TMA box): the forward's
+//             lse in log2 units, +inf where it is -inf (such rows get weight exp2(-inf) = 0),
+//             written with Delta
 //   dq_accum  [total_q, num_heads, head_dim]       float32   tensor-core path (atomics target)
 //   dq_turn   [num_heads, q_tile_slots]            int32     tensor-core deterministic path:
 //             how many key blocks have added their dQ share to each (head, query tile)
+// row_stride: total_q on the SIMT path, total_q rounded up to 4 on the tensor-core paths (every
+// row then starts 16-byte aligned, as TMA's strides must be).
 // ---------------------------------------------------------------------------------------------
 
 struct FlashBwdWorkspace {
   float* delta;
   float* dq_accum;
+  float* lse_log2;
   int32_t* dq_turn;
   int64_t q_tile_slots;  // entries of dq_turn per head
+  int64_t row_stride;    // entries of delta and lse_log2 per head
 };
 
 inline int64_t flash_bwd_align256(int64_t n) { return (n + 255) / 256 * 256; }
+
+// Entries per head of delta and lse_log2 for a path (q_block 0: the SIMT path).
+inline int64_t flash_bwd_row_stride(const FlashParams& p, int32_t q_block) {
+  return q_block > 0 ? (int64_t{p.total_q} + 3) / 4 * 4 : p.total_q;
+}
+
+// Bytes of delta (and lse_log2 after it, on a tensor-core path).
+inline int64_t flash_bwd_rows_bytes(const FlashParams& p, int32_t q_block) {
+  return int64_t{4} * (q_block > 0 ? 2 : 1) * p.num_heads * flash_bwd_row_stride(p, q_block);
+}
 
 // Bytes of workspace the launcher of one path needs (`q_block` is its query tile; 0 for a path
 // without a dQ accumulator).
 inline int64_t flash_bwd_workspace_bytes(const FlashParams& p, int32_t q_block,
                                          bool deterministic) {
-  int64_t bytes = flash_bwd_align256(int64_t{4} * p.num_heads * p.total_q);
+  int64_t bytes = flash_bwd_align256(flash_bwd_rows_bytes(p, q_block));
   if (q_block > 0) {
     bytes += flash_bwd_align256(int64_t{4} * p.total_q * p.num_heads * p.head_dim);
     if (deterministic) bytes += flash_bwd_align256(int64_t{4} * p.num_heads *
@@ -58,9 +78,11 @@ inline FlashBwdWorkspace flash_bwd_workspace(const FlashBwdParams& p, int32_t q_
   const FlashParams& f = p.fwd;
   char* base = static_cast<char*>(p.workspace);
   FlashBwdWorkspace w{};
+  w.row_stride = flash_bwd_row_stride(f, q_block);
   w.delta = reinterpret_cast<float*>(base);
-  base += flash_bwd_align256(int64_t{4} * f.num_heads * f.total_q);
+  base += flash_bwd_align256(flash_bwd_rows_bytes(f, q_block));
   if (q_block > 0) {
+    w.lse_log2 = w.delta + int64_t{f.num_heads} * w.row_stride;
     w.dq_accum = reinterpret_cast<float*>(base);
     base += flash_bwd_align256(int64_t{4} * f.total_q * f.num_heads * f.head_dim);
     if (p.deterministic) {
@@ -73,12 +95,15 @@ inline FlashBwdWorkspace flash_bwd_workspace(const FlashBwdParams& p, int32_t q_
 
 // ---------------------------------------------------------------------------------------------
 // Delta = rowsum(dO * O) - dLSE, for every row of q (owned or not: the kernels read it only for
-// owned rows) and every head. One warp per (row, head).
+// owned rows) and every head, and (lse_log2 not null) the lse in log2 units. One warp per (row,
+// head).
 // ---------------------------------------------------------------------------------------------
 
 template <typename T>
 __global__ void __launch_bounds__(256) flash_bwd_delta_kernel(const __grid_constant__ FlashBwdParams p,
-                                                              float* __restrict__ delta) {
+                                                              float* __restrict__ delta,
+                                                              float* __restrict__ lse_log2,
+                                                              int64_t row_stride) {
   const FlashParams& f = p.fwd;
   const int lane = threadIdx.x & 31;
   const int64_t n = static_cast<int64_t>(f.total_q) * f.num_heads;
@@ -95,18 +120,25 @@ __global__ void __launch_bounds__(256) flash_bwd_delta_kernel(const __grid_const
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
     if (lane == 0) {
-      const int64_t at = static_cast<int64_t>(head) * f.total_q + row;
-      delta[at] = acc - p.dlse[at];
+      const int64_t at = static_cast<int64_t>(head) * f.total_q + row;  // lse, dlse
+      const int64_t out = static_cast<int64_t>(head) * row_stride + row;
+      delta[out] = acc - p.dlse[at];
+      if (lse_log2 != nullptr) {
+        const float l = f.lse[at];
+        lse_log2[out] = l == -INFINITY ? INFINITY : l * kLog2e;
+      }
     }
   }
 }
 
 template <typename T>
-cudaError_t flash_bwd_delta(const FlashBwdParams& p, float* delta, cudaStream_t stream) {
+cudaError_t flash_bwd_delta(const FlashBwdParams& p, const FlashBwdWorkspace& ws,
+                            cudaStream_t stream) {
   const int64_t warps = static_cast<int64_t>(p.fwd.total_q) * p.fwd.num_heads;
   if (warps <= 0) return cudaSuccess;
   const int64_t blocks = (warps + 7) / 8 < 65536 ? (warps + 7) / 8 : 65536;
-  flash_bwd_delta_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p, delta);
+  flash_bwd_delta_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p, ws.delta, ws.lse_log2,
+                                                                   ws.row_stride);
   return cudaGetLastError();
 }
 
@@ -183,7 +215,7 @@ cudaError_t run_flash_bwd_accumulated(const FlashBwdParams& p, int32_t q_block,
     err = cudaMemsetAsync(ws.dq_turn, 0,
                           sizeof(int32_t) * static_cast<size_t>(f.num_heads) * ws.q_tile_slots,
                           stream);
-  if (err == cudaSuccess) err = flash_bwd_delta<T>(p, ws.delta, stream);
+  if (err == cudaSuccess) err = flash_bwd_delta<T>(p, ws, stream);
   if (err == cudaSuccess && f.batch > 0 && f.total_q > 0 && f.total_k > 0) {
     err = dispatch_bool(f.softcap > 0.f, [&](auto softcap) {
       return dispatch_bool(p.deterministic,

@@ -209,8 +209,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     load_tile<Tr, BM, true, kPad>(sdO + buf * Tr::kSmemQ, do_base + static_cast<int64_t>(h) * hd,
                                   p.dout_row_stride, m0, v.q_len, hd / 8, tid);
   };
-  // lse in log2 units, +inf for rows past the sequence and rows that saw no key (lse = -inf):
-  // their weights are exp2(-inf) = 0.
+  // lse in log2 units (the workspace's lse_log2: +inf for rows that saw no key, lse = -inf),
+  // +inf for rows past the sequence: their weights are exp2(-inf) = 0.
   auto read_lse = [&](int it, float* lse2, float* delta) {
     int h, m;
     visit(it, &h, &m);
@@ -218,9 +218,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     *lse2 = INFINITY;
     *delta = 0.f;
     if (tid < BM && row < v.q_len) {
-      const int64_t at = static_cast<int64_t>(h) * f.total_q + e.q_start + row;
-      const float l = f.lse[at];
-      *lse2 = l == -INFINITY ? INFINITY : l * kLog2e;
+      const int64_t at = static_cast<int64_t>(h) * ws.row_stride + e.q_start + row;
+      *lse2 = ws.lse_log2[at];
       *delta = ws.delta[at];
     }
   };
@@ -481,10 +480,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const int r = idx / kDT;
     const int c = kv_c0 + idx % kDT;
     if (v.n0 + kr0 + r < v.k_len && (!kPad || c * 8 < hd)) {
-      *reinterpret_cast<uint4*>(dk + static_cast<int64_t>(r) * p.dk_row_stride + c * 8) =
-          ld_shared_v4(sK + swizzle<Tr::kChunks>(kr0 + r, c));
-      *reinterpret_cast<uint4*>(dv + static_cast<int64_t>(r) * p.dv_row_stride + c * 8) =
-          ld_shared_v4(sV + swizzle<Tr::kChunks>(kr0 + r, c));
+      st_global_v4(dk + static_cast<int64_t>(r) * p.dk_row_stride + c * 8,
+                   ld_shared_v4(sK + swizzle<Tr::kChunks>(kr0 + r, c)));
+      st_global_v4(dv + static_cast<int64_t>(r) * p.dv_row_stride + c * 8,
+                   ld_shared_v4(sV + swizzle<Tr::kChunks>(kr0 + r, c)));
     }
   }
 }

@@ -547,7 +547,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
       const int c = idx % Tr::kChunks;
       if (m0 + warp_row0 + r < e.q_len && (!kPad || c < dv / 8)) {
         const uint4 v = ld_shared_v4(sO + swizzle<Tr::kChunks>(warp_row0 + r, c));
-        *reinterpret_cast<uint4*>(o_ptr + static_cast<int64_t>(r) * p.o_row_stride + c * 8) = v;
+        st_global_v4(o_ptr + static_cast<int64_t>(r) * p.o_row_stride + c * 8, v);
       }
     }
     // The next tile's cp.async overwrites sQ / sK / sV.

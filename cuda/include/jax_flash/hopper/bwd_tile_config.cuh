@@ -5,9 +5,9 @@
 // (wgmma's M is 64 per warpgroup) and their dK/dV accumulators. A visit is one query block of
 // kBlockM = 64 rows of one query head. No producer warpgroup: with 384 threads ptxas caps every
 // thread at 168 registers whatever setmaxnreg later grants (measured: dK, dV, S^T and dP^T at
-// head dim 128 spill there), while 256 threads may use 255. The first warp issues the loads
-// instead: TMA for K/V (once) and for the Q/dO tiles kStages - 1 visits ahead, plain loads for
-// lse/Delta.
+// head dim 128 spill there), while 256 threads may use 255. Thread 0 issues the loads
+// instead, all by TMA: K/V (once), and the Q/dO tiles and lse/Delta rows kStages - 1 visits
+// ahead.
 //
 // Shared memory (regions 1024-byte aligned, the 128-byte swizzle's period): K and V
 // ([kBlockN][head_dim], head_dim / 64 column panels of 128-byte rows, TMA's SWIZZLE_128B), a
@@ -62,9 +62,15 @@ struct HopperBwdTraits {
   // 128-byte-swizzled boxes of 32 columns (kBlockM rows of 128 bytes each).
   static constexpr int kSmemDqPanel = kBlockM * 64 * 4;
   static constexpr int kOffDq = kOffDs + 2 * kSmemDs;
-  static constexpr int kOffLse = kOffDq + kDqWarpgroups * kSmemDqPanel;
-  static constexpr int kOffDelta = kOffLse + kStages * kBlockM * 4;
-  static constexpr int kOffBars = kOffDelta + kStages * kBlockM * 4;
+  // lse (log2 units) and Delta of a visit's rows: one TMA box [2][kRowsBox] from the workspace's
+  // [2][heads][rows] tensor. A box's first column must sit 16 bytes into a row (TMA faults on
+  // others: illegal instruction), so it starts at the visit's first row rounded down to 4 and
+  // takes 4 columns more than kBlockM. Stages kRowsStage floats apart (128-byte aligned, as a
+  // TMA destination must be).
+  static constexpr int kRowsBox = kBlockM + 4;
+  static constexpr int kRowsStage = (2 * kRowsBox * 4 + 127) / 128 * 128 / 4;
+  static constexpr int kOffRows = kOffDq + kDqWarpgroups * kSmemDqPanel;
+  static constexpr int kOffBars = kOffRows + kStages * kRowsStage * 4;
   // mbarriers (8 bytes each): kv_full, then q_full per stage (a stage is free again once both
   // warpgroups have passed the next visit's dS barrier).
   static constexpr int kNumBars = 1 + kStages;

@@ -5,11 +5,12 @@
 // P^T and dS^T stay in registers as wgmma's A operand:
 //   CTA (kv head blockIdx.y, key block blockIdx.x of 128 keys) visits, for every query head of
 //   the kv head's group (GQA) and every query block of 64 rows that sees one of its keys:
-//   loads (the first warp): TMA loads of K and V (once) and of the Q and dO tiles of each
-//     visit, two visits ahead, into a 3-deep ring; lse (log2 units) and Delta of the visit's
-//     rows by plain loads into shared memory. Each stage has a "full" mbarrier (the TMA bytes
-//     plus the 32 lanes' arrivals after their lse/Delta stores); a stage is reloaded only once
-//     both warpgroups have passed the next visit's dS barrier, so no "empty" barrier is needed.
+//   loads (thread 0): TMA loads of K and V (once) and of each visit's Q and dO tiles and lse
+//     (log2 units) and Delta rows, two visits ahead, into a 3-deep ring. Each stage has a "full"
+//     mbarrier (the TMA bytes); a stage is reloaded only once both warpgroups have passed the
+//     next visit's dS barrier, so no "empty" barrier is needed. (lse and Delta by plain loads
+//     of the first warp put those loads' latency on every visit's barriers: the other warps
+//     waited there for the first one.)
 //   warpgroups 0, 1 (64 keys each):
 //     S^T = K Q^T, dP^T = V dO^T        wgmma ss (K/V rows K-major, Q/dO rows K-major)
 //     P^T = exp2(S^T * scale * log2 e - lse * log2 e), masked; dS^T = P^T (dP^T - Delta)
@@ -79,7 +80,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                             const __grid_constant__ CUtensorMap tm_k,
                             const __grid_constant__ CUtensorMap tm_v,
                             const __grid_constant__ CUtensorMap tm_do,
-                            const __grid_constant__ CUtensorMap tm_dq) {
+                            const __grid_constant__ CUtensorMap tm_dq,
+                            const __grid_constant__ CUtensorMap tm_rows) {
 #if defined(JAX_FLASH_SM90A)
   using mma_detail::fast_exp2;
   using mma_detail::pack2;
@@ -103,8 +105,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const uint32_t sdO = base + Tr::kOffDo;
   const uint32_t sdS = base + Tr::kOffDs;
   const uint32_t sDq = base + Tr::kOffDq;
-  float* s_lse = reinterpret_cast<float*>(base_ptr + Tr::kOffLse);      // [S][BM]
-  float* s_delta = reinterpret_cast<float*>(base_ptr + Tr::kOffDelta);  // [S][BM]
+  // [S][kRowsStage]: per stage Delta, then lse in log2 units (kRowsBox entries each, from the
+  // 16-byte aligned row at or before the visit's first).
+  float* s_rows = reinterpret_cast<float*>(base_ptr + Tr::kOffRows);
   const uint32_t bars = base + Tr::kOffBars;
   const uint32_t kv_full = bars;
   auto q_full = [&](int s) { return bars + 8 + 8 * s; };
@@ -126,57 +129,45 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   if (tid == 0) {
     mbar_init(kv_full, 1);
-    // A stage's loads: the TMA bytes (lane 0's arrival expects them) and the first warp's 32
-    // arrivals after their lse/Delta stores.
-    for (int s = 0; s < S; ++s) mbar_init(q_full(s), 32);
+    // A stage's loads: the TMA bytes, which the issuing thread's arrival expects.
+    for (int s = 0; s < S; ++s) mbar_init(q_full(s), 1);
     mbar_fence_init();
   }
   __syncthreads();
 
-  // The loads of visit `it` into stage it % S, by the first warp: lse in log2 units (+inf for
-  // rows past the sequence and rows that saw no key, lse = -inf: their weights are
-  // exp2(-inf) = 0) and Delta by plain loads, Q and dO by TMA.
+  // The loads of visit `it` into stage it % S, all by TMA from one thread: Q and dO tiles, and
+  // the visit's rows of lse (log2 units, +inf where it is -inf: weights exp2(-inf) = 0; the
+  // workspace's lse_log2, written with Delta) and Delta, in one box from the 16-byte aligned
+  // row at or before the first. Rows past the sequence bring another sequence's values (or
+  // zeros past the tensors): the consumers overwrite them (below). No thread waits here for a
+  // global load, so the loads stay off the warpgroups' barriers.
   auto issue_loads = [&](int it) {
     const int st = it % S;
     int h, m;
     visit(it, &h, &m);
     const int m0 = m * BM;
-    for (int r = lane; r < BM; r += 32) {
-      float l2 = INFINITY, dl = 0.f;
-      if (m0 + r < v.q_len) {
-        const int64_t at = static_cast<int64_t>(h) * f.total_q + e.q_start + m0 + r;
-        const float l = f.lse[at];
-        l2 = l == -INFINITY ? INFINITY : l * kLog2e;
-        dl = ws.delta[at];
-      }
-      s_lse[st * BM + r] = l2;
-      s_delta[st * BM + r] = dl;
-    }
-    if (lane == 0) {
-      mbar_arrive_expect_tx(q_full(st), 2 * Tr::kSmemQ);
+    mbar_arrive_expect_tx(q_full(st), 2 * Tr::kSmemQ + 2 * Tr::kRowsBox * 4);
 #pragma unroll
-      for (int c = 0; c < Tr::kPanels; ++c) {
-        tma_load_3d(sQ + st * Tr::kSmemQ + c * Tr::kPanelQ, &tm_q, q_full(st), c * 64, h,
-                    e.q_start + m0);
-        tma_load_3d(sdO + st * Tr::kSmemQ + c * Tr::kPanelQ, &tm_do, q_full(st), c * 64, h,
-                    e.q_start + m0);
-      }
-    } else {
-      mbar_arrive(q_full(st));
+    for (int c = 0; c < Tr::kPanels; ++c) {
+      tma_load_3d(sQ + st * Tr::kSmemQ + c * Tr::kPanelQ, &tm_q, q_full(st), c * 64, h,
+                  e.q_start + m0);
+      tma_load_3d(sdO + st * Tr::kSmemQ + c * Tr::kPanelQ, &tm_do, q_full(st), c * 64, h,
+                  e.q_start + m0);
     }
+    tma_load_3d(smem_u32(s_rows + st * Tr::kRowsStage), &tm_rows, q_full(st),
+                (e.q_start + m0) & ~3, h, 0);
   };
-  if (warp == 0) {
-    if (lane == 0) {
-      tma_prefetch_desc(&tm_q);
-      tma_prefetch_desc(&tm_k);
-      tma_prefetch_desc(&tm_v);
-      tma_prefetch_desc(&tm_do);
-      mbar_arrive_expect_tx(kv_full, 2 * Tr::kSmemKV);
+  if (tid == 0) {
+    tma_prefetch_desc(&tm_q);
+    tma_prefetch_desc(&tm_k);
+    tma_prefetch_desc(&tm_v);
+    tma_prefetch_desc(&tm_do);
+    tma_prefetch_desc(&tm_rows);
+    mbar_arrive_expect_tx(kv_full, 2 * Tr::kSmemKV);
 #pragma unroll
-      for (int c = 0; c < Tr::kPanels; ++c) {
-        tma_load_3d(sK + c * Tr::kPanelKV, &tm_k, kv_full, c * 64, kv_head, e.k_start + v.n0);
-        tma_load_3d(sV + c * Tr::kPanelKV, &tm_v, kv_full, c * 64, kv_head, e.k_start + v.n0);
-      }
+    for (int c = 0; c < Tr::kPanels; ++c) {
+      tma_load_3d(sK + c * Tr::kPanelKV, &tm_k, kv_full, c * 64, kv_head, e.k_start + v.n0);
+      tma_load_3d(sV + c * Tr::kPanelKV, &tm_v, kv_full, c * 64, kv_head, e.k_start + v.n0);
     }
     for (int it = 0; it < S - 1 && it < v.items; ++it) issue_loads(it);
   }
@@ -224,10 +215,19 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const uint32_t do_st = sdO + stage * Tr::kSmemQ;
     const uint32_t ds_buf = sdS + (it & 1) * Tr::kSmemDs;
 
+    // This visit's Delta and lse (log2 units) rows in the stage.
+    float* delta_st = s_rows + stage * Tr::kRowsStage + ((e.q_start + m0) & 3);
+    float* lse_st = delta_st + Tr::kRowsBox;
+
     mbar_wait(q_full(stage), phase);
     if (rows < BM) {
       zero_tile_rows(q_st, Tr::kPanels, Tr::kPanelQ, BM, rows, ctid);
       zero_tile_rows(do_st, Tr::kPanels, Tr::kPanelQ, BM, rows, ctid);
+      // Rows past the sequence: weight 0 (lse +inf) and Delta 0, whatever the TMA brought.
+      for (int r = rows + ctid; r < BM; r += 256) {
+        lse_st[r] = INFINITY;
+        delta_st[r] = 0.f;
+      }
       fence_proxy_async();
       named_sync(1, 256);
     }
@@ -262,8 +262,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     visible_keys(f, m0 + rows - 1, v.q_len, v.k_len, &lo_last, &unused);
     visible_keys(f, m0, v.q_len, v.k_len, &unused, &hi_first);
     const bool need_mask = v.n0 < lo_last || v.n0 + BN > hi_first;
-    const float* lse_st = s_lse + stage * BM;
-    const float* delta_st = s_delta + stage * BM;
     // P of element i from its score x (soft-capped already), masked.
     auto weight = [&](int i, float x) {
       const int j = i / 4, hf = (i / 2) % 2, col = 8 * j + 2 * t + i % 2;
@@ -392,10 +390,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       wgmma_commit();
     }
     if constexpr (kDkAfterDq) issue_dkv(false, true);
-    // Every thread is past visit it - 1: its stage takes the loads of visit it + S - 1. Here,
-    // under the GEMMs in flight, so that the first warp's wait for its lse/Delta loads delays
-    // no GEMM issue.
-    if (warp == 0 && it + S - 1 < v.items) issue_loads(it + S - 1);
+    // Every thread is past visit it - 1: its stage takes the loads of visit it + S - 1 (issued
+    // here, under the GEMMs in flight).
+    if (tid == 0 && it + S - 1 < v.items) issue_loads(it + S - 1);
     wgmma_wait<kDkAfterDq ? 1 : 0>();  // dV and dQ (and dK unless it runs under the staging)
     if constexpr (Tr::kOverlapDkv) {
       reg_fence(acc_dv);

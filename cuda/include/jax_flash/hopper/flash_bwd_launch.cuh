@@ -46,13 +46,15 @@ template <typename T, class Tr, bool kSoftcap, bool kDeterministic, bool kPadded
 cudaError_t launch_flash_bwd_hopper(const FlashBwdParams& p, const FlashBwdWorkspace& ws,
                                     const CUtensorMap& tm_q, const CUtensorMap& tm_k,
                                     const CUtensorMap& tm_v, const CUtensorMap& tm_do,
-                                    const CUtensorMap& tm_dq, cudaStream_t stream) {
+                                    const CUtensorMap& tm_dq, const CUtensorMap& tm_rows,
+                                    cudaStream_t stream) {
   // grid.x: the key blocks of all sequences in order (lowest first: the deterministic mode's
   // turn-order predecessors of a block are scheduled before it), grid.y: kv heads.
   const int64_t tiles = tile_slots(p.fwd.total_k, p.fwd.batch, Tr::kBlockN);
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.fwd.num_heads_k));
   return launch_with_smem<flash_bwd_hopper_kernel<T, Tr, kSoftcap, kDeterministic, kPadded>>(
-      grid, Tr::kThreads, Tr::kSmemBytes, stream, p, ws, tm_q, tm_k, tm_v, tm_do, tm_dq);
+      grid, Tr::kThreads, Tr::kSmemBytes, stream, p, ws, tm_q, tm_k, tm_v, tm_do, tm_dq,
+      tm_rows);
 }
 
 }  // namespace hopper
@@ -71,10 +73,12 @@ cudaError_t run_flash_attention_bwd_hopper(const FlashBwdParams& p, cudaStream_t
   using Tr = hopper::HopperBwdTraits<kHeadDim>;
   static_assert(Tr::kBlockM == kBwdMmaBlockM, "the workspace is sized with kBwdMmaBlockM");
   const FlashParams& f = p.fwd;
-  CUtensorMap tm_q, tm_k, tm_v, tm_do, tm_dq;
+  CUtensorMap tm_q, tm_k, tm_v, tm_do, tm_dq, tm_rows;
   // The float32 dQ accumulator [total_q, num_heads, head_dim] of the workspace, which the
-  // kernel's reduce-adds target in boxes of 32 columns x kBlockM rows.
-  const float* dq_accum = flash_bwd_workspace(p, Tr::kBlockM).dq_accum;
+  // kernel's reduce-adds target in boxes of 32 columns x kBlockM rows; lse (log2 units) and
+  // Delta ([2][num_heads][row_stride], Delta first), read in boxes of kRowsBox entries of one
+  // head in both.
+  const FlashBwdWorkspace ws_at = flash_bwd_workspace(p, Tr::kBlockM);
   if (!hopper::make_tensor_map(&tm_q, f.q, f.dtype, f.head_dim, f.num_heads, f.total_q,
                                f.q_row_stride, Tr::kBlockM) ||
       !hopper::make_tensor_map(&tm_do, p.dout, f.dtype, f.head_dim_v, f.num_heads, f.total_q,
@@ -83,10 +87,12 @@ cudaError_t run_flash_attention_bwd_hopper(const FlashBwdParams& p, cudaStream_t
                                f.k_row_stride, Tr::kBlockN) ||
       !hopper::make_tensor_map(&tm_v, f.v, f.dtype, f.head_dim_v, f.num_heads_k, f.total_k,
                                f.v_row_stride, Tr::kBlockN) ||
-      !hopper::make_tensor_map_3d(&tm_dq, dq_accum, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4,
+      !hopper::make_tensor_map_3d(&tm_dq, ws_at.dq_accum, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4,
                                   f.head_dim, f.num_heads, f.total_q,
                                   static_cast<int64_t>(f.num_heads) * f.head_dim, 32,
-                                  Tr::kBlockM))
+                                  Tr::kBlockM) ||
+      !hopper::make_tensor_map_rows_f32(&tm_rows, ws_at.delta, f.total_q, f.num_heads, 2,
+                                        ws_at.row_stride, Tr::kRowsBox))
     return cudaErrorNotSupported;
   const bool padded = f.head_dim != kHeadDim || f.head_dim_v != kHeadDim;
   return run_flash_bwd_accumulated<T>(
@@ -95,7 +101,7 @@ cudaError_t run_flash_attention_bwd_hopper(const FlashBwdParams& p, cudaStream_t
           return hopper::launch_flash_bwd_hopper<T, Tr, decltype(softcap)::value,
                                                  decltype(deterministic)::value,
                                                  decltype(padded_c)::value>(
-              p, ws, tm_q, tm_k, tm_v, tm_do, tm_dq, stream);
+              p, ws, tm_q, tm_k, tm_v, tm_do, tm_dq, tm_rows, stream);
         });
       });
 }

@@ -59,6 +59,7 @@ namespace jax_flash::hopper {
 using mma_detail::fast_exp2;
 using mma_detail::ld_shared_v4;
 using mma_detail::pack2;
+using mma_detail::st_global_v4;
 using mma_detail::st_shared_b32;
 
 // Where the key / value rows come from.
@@ -662,7 +663,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       const int c = idx % (DC / 8);
       if (m0 + r < e.q_len && c < dv_chunks) {
         const uint4 v = ld_shared_v4(sO + (c / 8) * Tr::kPanelQ + r * 128 + (((c % 8) ^ (r % 8)) << 4));
-        *reinterpret_cast<uint4*>(o_tile + static_cast<int64_t>(r) * p.o_row_stride + c * 8) = v;
+        st_global_v4(o_tile + static_cast<int64_t>(r) * p.o_row_stride + c * 8, v);
       }
     }
     if constexpr (Tr::kSeparateO) {

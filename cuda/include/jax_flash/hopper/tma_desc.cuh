@@ -29,14 +29,8 @@ inline bool sm90a_code_runs_here() {
 #endif
 }
 
-// A 3-d tensor map over a packed [rows, heads, cols] tensor of `elem_bytes`-byte elements
-// (row stride `row_stride` elements, heads contiguous), boxes of box_cols columns x 1 head x
-// box_rows rows, 128-byte swizzled (box_cols * elem_bytes must be 128 at most); elements past the
-// tensor read as zeros (and are skipped by stores and reductions). False when the driver
-// rejects it.
-inline bool make_tensor_map_3d(CUtensorMap* map, const void* ptr, CUtensorMapDataType type,
-                               int elem_bytes, int cols, int heads, int rows, int64_t row_stride,
-                               int box_cols, int box_rows) {
+// The driver's cuTensorMapEncodeTiled (null when the driver has none).
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult res;
@@ -46,6 +40,18 @@ inline bool make_tensor_map_3d(CUtensorMap* map, const void* ptr, CUtensorMapDat
       fn = nullptr;
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
+  return encode;
+}
+
+// A 3-d tensor map over a packed [rows, heads, cols] tensor of `elem_bytes`-byte elements
+// (row stride `row_stride` elements, heads contiguous), boxes of box_cols columns x 1 head x
+// box_rows rows, 128-byte swizzled (box_cols * elem_bytes must be 128 at most); elements past the
+// tensor read as zeros (and are skipped by stores and reductions). False when the driver
+// rejects it.
+inline bool make_tensor_map_3d(CUtensorMap* map, const void* ptr, CUtensorMapDataType type,
+                               int elem_bytes, int cols, int heads, int rows, int64_t row_stride,
+                               int box_cols, int box_rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return false;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(heads),
                               static_cast<cuuint64_t>(rows)};
@@ -57,6 +63,29 @@ inline bool make_tensor_map_3d(CUtensorMap* map, const void* ptr, CUtensorMapDat
   return encode(map, type, 3, const_cast<void*>(ptr), dims, strides, box, elem_strides,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// A 3-d tensor map over `planes` float32 planes of `rows` rows of `cols` values (rows
+// `row_stride` values apart, planes rows * row_stride apart; row_stride a multiple of 4 and the
+// base 16-byte aligned, as TMA's strides and base must be), boxes of box_cols values (a multiple
+// of 4, at most 256) of one row in every plane, unswizzled; values past a row's `cols` read as
+// zeros. A box's first column must be a multiple of 4 (16 bytes; TMA faults on others). False
+// when the driver rejects it.
+inline bool make_tensor_map_rows_f32(CUtensorMap* map, const float* ptr, int64_t cols, int rows,
+                                     int planes, int64_t row_stride, int box_cols) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr || cols <= 0 || rows <= 0) return false;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows),
+                              static_cast<cuuint64_t>(planes)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(row_stride) * 4,
+                                 static_cast<cuuint64_t>(row_stride) * rows * 4};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(box_cols), 1,
+                             static_cast<cuuint32_t>(planes)};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<float*>(ptr), dims, strides,
+                box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                CU_TENSOR_MAP_L2_PROMOTION_NONE,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
