@@ -405,16 +405,24 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       // boxes of 32 float32 columns) and added to the accumulator by one TMA reduce-add.
       reg_fence(dq);
       // Element pair (row r, columns c, c + 1), c = 8j + 2t: box j / 4, 16-byte chunk
-      // (2 (j % 4) + t / 2) of row r, swizzled by r % 8 = g, 8 bytes in for odd t.
+      // (2 (j % 4) + t / 2) of row r, swizzled by r % 8 = g, 8 bytes in for odd t. A 64-bit
+      // store is served a half-warp (rows g = 4 i .. 4 i + 3) at a time; with every lane storing
+      // the same j, rows g and g ^ 1 would hit the same 32-byte chunk pair (4 wavefronts where 2
+      // do). So lanes of odd rows store j ^ 2 where the others store j: row g's pair is then
+      // (j % 4) ^ (g' / 2), g' = g ^ (4 (g & 1)), four different pairs in each half-warp.
+      const bool odd_row = (g & 1) != 0;
+      const int gs = g ^ (odd_row ? 4 : 0);
       const uint32_t row0 = sDq + cw * Tr::kSmemDqPanel + (16 * (warp & 3) + g) * 128 + (t & 1) * 8;
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
+          // This lane's element j ^ (odd_row ? 2 : 0): same box, chunk pair flipped by 2.
           const uint32_t addr = row0 + hf * 8 * 128 + (j / 4) * (BM * 128) +
-                                (((2 * (j % 4) + (t >> 1)) ^ g) << 4);
-          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr),
-                       "f"(dq[4 * j + 2 * hf]), "f"(dq[4 * j + 2 * hf + 1])
+                                (((2 * (j % 4) + (t >> 1)) ^ gs) << 4);
+          const float x0 = odd_row ? dq[4 * (j ^ 2) + 2 * hf] : dq[4 * j + 2 * hf];
+          const float x1 = odd_row ? dq[4 * (j ^ 2) + 2 * hf + 1] : dq[4 * j + 2 * hf + 1];
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x0), "f"(x1)
                        : "memory");
         }
       }
