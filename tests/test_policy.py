@@ -28,7 +28,8 @@ def test_python_uses_the_cpp_values():
 
 
 # bf16, Hq = 32, Hkv = 8 (GQA-4), D = 128, one query token: (batch, context) -> the split count
-# measured best on an H100 SXM (policy/paged.h, jax_flash.ops.paged_attention.default_num_splits).
+# measured best on an H100 SXM (policy/paged.h, jax_flash.ops.paged_attention.default_num_splits)
+# with the CUDA-core kernel's 4-row CTAs, which float32 q runs (q_bytes 4 below).
 MEASURED_BEST = {(1, 4096): 32, (1, 32768): 32, (1, 131072): 32, (2, 16384): 16, (4, 16384): 8,
                  (8, 8192): 4, (16, 4096): 2, (32, 4096): 1, (64, 8192): 1}  # fmt: skip
 
@@ -37,21 +38,24 @@ MEASURED_BEST = {(1, 4096): 32, (1, 32768): 32, (1, 131072): 32, (2, 16384): 16,
 @pytest.mark.parametrize("batch,ctx", list(MEASURED_BEST))
 def test_split_heuristic_measured_best(batch, ctx, mma):
     # Both kernels fit 2 CTAs of this group per SM at D = 128: the same split counts.
-    got = policy.paged_num_splits(batch, 8, 4, 1, ctx, H100_SMS, 128, mma, 2)
+    got = policy.paged_num_splits(batch, 8, 4, 1, ctx, H100_SMS, 128, mma, 2, 4)
     assert got == MEASURED_BEST[batch, ctx]
 
 
 def test_split_heuristic_edges():
-    assert policy.paged_num_splits(0, 8, 4, 1, 4096, H100_SMS, 128, False, 2) == 1  # B = 0
-    assert policy.paged_num_splits(1, 8, 4, 1, 0, H100_SMS, 128, False, 2) == 1  # no keys
-    assert policy.paged_num_splits(1, 8, 4, 1, 300, H100_SMS, 128, False, 2) == 2  # 128 keys each
+    assert policy.paged_num_splits(0, 8, 4, 1, 4096, H100_SMS, 128, False, 2, 4) == 1  # B = 0
+    assert policy.paged_num_splits(1, 8, 4, 1, 0, H100_SMS, 128, False, 2, 4) == 1  # no keys
+    assert policy.paged_num_splits(1, 8, 4, 1, 300, H100_SMS, 128, False, 2, 4) == 2  # 128 keys
     # 16 query rows per kv head: one CUDA-core CTA per SM, but still 2 tensor-core CTAs
-    assert policy.paged_num_splits(1, 8, 4, 4, 32768, H100_SMS, 128, False, 2) == 16
-    assert policy.paged_num_splits(1, 8, 4, 4, 32768, H100_SMS, 128, True, 2) == 32
+    assert policy.paged_num_splits(1, 8, 4, 4, 32768, H100_SMS, 128, False, 2, 4) == 16
+    assert policy.paged_num_splits(1, 8, 4, 4, 32768, H100_SMS, 128, True, 2, 2) == 32
+    # 16-bit q on the CUDA-core kernel: 16-row CTAs (one per SM) whatever the group
+    assert policy.paged_num_splits(1, 8, 4, 1, 32768, H100_SMS, 128, False, 2, 2) == 16
     # 8-bit caches at D = 64: 3 tensor-core CTAs per SM
     assert [policy.paged_mma_ctas_per_sm(d, 2) for d in (64, 128, 256)] == [2, 2, 1]
     assert [policy.paged_mma_ctas_per_sm(d, 1) for d in (64, 128, 256)] == [3, 2, 1]
-    assert [policy.paged_rows_per_cta(r) for r in (1, 4, 5, 8, 9, 64)] == [4, 4, 8, 8, 16, 16]
+    assert [policy.paged_rows_per_cta(r, 4) for r in (1, 4, 5, 8, 9, 64)] == [4, 4, 8, 8, 16, 16]
+    assert [policy.paged_rows_per_cta(r, 2) for r in (1, 4, 5, 8, 9, 64)] == [16] * 6
 
 
 def test_default_num_splits_is_the_cpp_heuristic(monkeypatch):
@@ -61,8 +65,12 @@ def test_default_num_splits_is_the_cpp_heuristic(monkeypatch):
     for b, hkv, g, sq, ctx, d, item in cases:
         for mma_ok in (False, True):
             for kernel, mma in (("auto", mma_ok), ("tensor_core", mma_ok), ("cuda_core", False)):
-                got = paged_ops.default_num_splits(b, hkv, g, sq, ctx, d, mma_ok, item, kernel)
-                assert got == policy.paged_num_splits(b, hkv, g, sq, ctx, H100_SMS, d, mma, item)
+                for q_item in (2, 4):
+                    got = paged_ops.default_num_splits(
+                        b, hkv, g, sq, ctx, d, mma_ok, item, kernel, q_itemsize=q_item
+                    )
+                    want = (b, hkv, g, sq, ctx, H100_SMS, d, mma, item, q_item)
+                    assert got == policy.paged_num_splits(*want)
 
 
 # (q dtype, cache dtype, scale mode, D, Dv, pages, page size, Hkv) -> the tensor-core kernel

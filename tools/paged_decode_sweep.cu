@@ -261,7 +261,7 @@ float run_shape(const Shape& sh, const std::vector<Variant>& vars, int sms, cons
   const double bytes = 2.0 * double(tokens) * kHkv * D * sizeof(TC);  // K + V read per call
 
   const int pol = policy::paged_num_splits(B, kHkv, G, 1, int64_t(max_pages) * kPage, sms, D, true,
-                                           sizeof(TC));
+                                           sizeof(TC), 2);
   std::vector<int> splits;
   if (pol == 1) {
     splits = {1, 2};

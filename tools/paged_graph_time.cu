@@ -53,7 +53,7 @@ void run(int ctx, int num_sms) {
   p.num_heads_k = Hkv; p.head_dim = D; p.head_dim_v = D; p.num_pages = num_pages; p.page_size = ps;
   p.max_pages = max_pages; p.softmax_scale = 0.1f; p.window_left = -1; p.window_right = -1;
   p.dtype = DType::kBFloat16; p.cache_dtype = CacheDType::kBFloat16; p.scale_mode = ScaleMode::kNone;
-  const int pol = policy::paged_num_splits(B, Hkv, Hq / Hkv, 1, int64_t(max_pages) * ps, num_sms, D, true, 2);
+  const int pol = policy::paged_num_splits(B, Hkv, Hq / Hkv, 1, int64_t(max_pages) * ps, num_sms, D, true, 2, 2);
   const double bytes = 2.0 * ctx * Hkv * D * 2;
   printf("D %d ctx %d (%.1f MB, policy splits %d)\n", D, ctx, bytes / 1e6, pol);
   for (int s : {1, 4, 8, 16, 32, 64}) {

@@ -96,7 +96,7 @@ enum Kernel { kSimt = 0, kMma = 1 };
 template <typename T, typename TC = T>
 static cudaError_t run_kernel(Kernel k, const PagedAttentionParams& p, cudaStream_t s) {
   const int64_t rows = static_cast<int64_t>(p.num_heads / p.num_heads_k) * p.seqlen_q;
-  const int mt = policy::paged_rows_per_cta(rows);
+  const int mt = policy::paged_rows_per_cta(rows, static_cast<int>(sizeof(T)));
 #define JF_SIMT(D)                                                                          \
   if (p.head_dim == D) {                                                                    \
     if (k == kMma) return paged::launch_paged_attention_mma<T, D, TC>(p, s);                \
@@ -454,7 +454,8 @@ static void time_case(int B, int ctx, int Hq, int Hkv, int Sq, int D, int ps, in
   int splits[2];
   for (int k = 0; k < 2; ++k)  // 0: the CUDA-core kernel's split count, 1: the tensor-core one's
     splits[k] = policy::paged_num_splits(B, Hkv, G, Sq, int64_t(max_pages) * ps, num_sms, D,
-                                         k == 1, static_cast<int>(sizeof(TC)));
+                                         k == 1, static_cast<int>(sizeof(TC)),
+                                         static_cast<int>(sizeof(T)));
   if (g_splits > 0) splits[1] = g_splits;
   const int max_s = std::max(splits[0], splits[1]);
   Dev d;

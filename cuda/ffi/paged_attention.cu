@@ -45,7 +45,7 @@ static ffi::Error PagedAttentionCuda(
                            std::to_string(paged::kMaxMergeSplits) + ", got " +
                            std::to_string(p.num_splits));
   const int64_t rows = static_cast<int64_t>(p.num_heads / p.num_heads_k) * p.seqlen_q;
-  const int64_t mt = policy::paged_rows_per_cta(rows);
+  const int64_t mt = policy::paged_rows_per_cta(rows, dtype_size(p.dtype));
   const int64_t chunks = (rows + mt - 1) / mt;
   if (static_cast<int64_t>(p.batch) * p.num_heads_k * p.num_splits * chunks > INT32_MAX)
     return invalid(op, "too many CTAs: B * Hkv * num_splits * ceil(Hq / Hkv * Sq / 16) must be "

@@ -118,8 +118,9 @@ inline void def_policy_module(nanobind::module_& parent) {
             policy::flash_kernel_choice(pm::q_dtype(dtype), d, dv, softmax_scale, softcap));
       },
       "dtype"_a, "head_dim"_a, "head_dim_v"_a, "softmax_scale"_a, "softcap"_a);
-  m.def("paged_rows_per_cta", [](int64_t rows) { return policy::paged_rows_per_cta(rows); },
-        "rows"_a);
+  m.def("paged_rows_per_cta",
+        [](int64_t rows, int q_bytes) { return policy::paged_rows_per_cta(rows, q_bytes); },
+        "rows"_a, "q_bytes"_a);
   m.def("paged_mma_ctas_per_sm",
         [](int head_dim, int elem_bytes) { return policy::paged_mma_ctas_per_sm(head_dim, elem_bytes); },
         "head_dim"_a, "elem_bytes"_a);
@@ -142,7 +143,8 @@ inline void def_policy_module(nanobind::module_& parent) {
       [](bool mma_ok, int kernel) { return policy::paged_use_mma(mma_ok, pm::paged_kernel(kernel)); },
       "mma_ok"_a, "kernel"_a);
   m.def("paged_num_splits", &policy::paged_num_splits, "batch"_a, "num_heads_k"_a, "group"_a,
-        "seqlen_q"_a, "max_ctx"_a, "num_sms"_a, "head_dim"_a, "mma"_a, "cache_bytes"_a);
+        "seqlen_q"_a, "max_ctx"_a, "num_sms"_a, "head_dim"_a, "mma"_a, "cache_bytes"_a,
+        "q_bytes"_a);
 }
 
 }  // namespace jax_flash

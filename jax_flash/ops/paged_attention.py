@@ -86,24 +86,27 @@ def default_num_splits(
     mma_ok: bool = False,
     cache_itemsize: int = 2,
     kernel: str | None = None,
+    q_itemsize: int = 2,
 ) -> int:
     """Split count for a CUDA decode call (the CPU kernel splits on its own): the C++ heuristic
     (policy::paged_num_splits in cuda/include/jax_flash/policy/paged.h) for this GPU's SM count.
 
     The CUDA-core kernel runs one CTA per (sequence, kv head, split, chunk of <= 16 query rows of
-    the group); two 4-8-row CTAs (or one 16-row CTA) fit an SM. The tensor-core kernel (`mma_ok`:
-    it takes the call, policy.paged_mma_supported; run unless `kernel` is "cuda_core") runs
-    16-row CTAs, 2 / 2 / 1 per SM for tile widths 64 / 128 / 256 (8-bit caches, `cache_itemsize`
-    1: 3 / 2 / 1; `head_dim` is max(D, Dv), whose tile the call runs on). Aim for about one
-    wave: no split if the CTAs already fill 80% of the slots,
-    else the largest power of two that fills them, with at least 128 keys per split. Measured
-    best on an H100 (132 SMs) for bf16 GQA-4, CUDA-core kernel: B=1 -> 32, 2 -> 16, 4 -> 8,
-    8 -> 4, 16 -> 2, >= 32 -> 1. `kernel`: None for the default launch's."""
+    the group); two 4-8-row CTAs (or one 16-row CTA) fit an SM; 16-bit q (`q_itemsize` 2) runs
+    16-row CTAs only. The tensor-core kernel (`mma_ok`: it takes the call,
+    policy.paged_mma_supported; run unless `kernel` is "cuda_core") runs 16-row CTAs, 2 / 2 / 1
+    per SM for tile widths 64 / 128 / 256 (8-bit caches, `cache_itemsize` 1: 3 / 2 / 1;
+    `head_dim` is max(D, Dv), whose tile the call runs on). Aim for about one wave: no split if
+    the CTAs already fill 80% of the slots, else the largest power of two that fills them, with
+    at least 128 keys per split. Measured best on an H100 (132 SMs) for bf16 GQA-4 on the
+    CUDA-core kernel's 4-row CTAs (which float32 q runs): B=1 -> 32, 2 -> 16, 4 -> 8, 8 -> 4,
+    16 -> 2, >= 32 -> 1. `kernel`: None for the default launch's."""
     kernel = default_launch().kernel if kernel is None else kernel
     mma = policy.paged_use_mma(mma_ok, _kernel_id(kernel))
     return policy.paged_num_splits(
-        batch, num_heads_k, group, seqlen_q, capacity, _sm_count(), head_dim, mma, cache_itemsize
-    )
+        batch, num_heads_k, group, seqlen_q, capacity, _sm_count(), head_dim, mma,
+        cache_itemsize, q_itemsize,
+    )  # fmt: skip
 
 
 def _kernel_id(kernel: str) -> int:
@@ -226,6 +229,7 @@ def paged_attention(
         num_splits = default_num_splits(
             B, Hkv, Hq // Hkv, Sq, max_pages * page_size, head_dim=max(D, Dv), mma_ok=mma_ok,
             cache_itemsize=jnp.dtype(k_pages.dtype).itemsize, kernel=launch.kernel,
+            q_itemsize=jnp.dtype(q4.dtype).itemsize,
         )  # fmt: skip
     elif int(num_splits) < 1:
         raise ValueError(f"{_OP}: num_splits must be >= 1, got {num_splits}")

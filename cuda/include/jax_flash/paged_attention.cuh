@@ -89,15 +89,21 @@ cudaError_t launch_paged_attention_mma(const PagedAttentionParams& p, cudaStream
 
 // Paged decode attention on the CUDA-core kernel for one (q dtype, cache element type, head
 // dim); D == Dv. TC is float, __half, __nv_bfloat16 (equal to TQ), int8_t or __nv_fp8_e4m3. MT
-// query rows per CTA (policy::paged_rows_per_cta). Asynchronous on `stream`; never synchronizes
-// or allocates; returns the launch status.
+// query rows per CTA (policy::paged_rows_per_cta: 4, 8 or 16 for float32 q, 16 for 16-bit q).
+// Asynchronous on `stream`; never synchronizes or allocates; returns the launch status.
 template <typename TQ, typename TC, int D>
 cudaError_t launch_paged_attention(const PagedAttentionParams& p, cudaStream_t stream) {
-  const int64_t rows = static_cast<int64_t>(p.num_heads / p.num_heads_k) * p.seqlen_q;
-  switch (policy::paged_rows_per_cta(rows)) {
-    case 4: return launch_paged_attention_mt<TQ, TC, D, 4>(p, stream);
-    case 8: return launch_paged_attention_mt<TQ, TC, D, 8>(p, stream);
-    default: return launch_paged_attention_mt<TQ, TC, D, 16>(p, stream);
+  if constexpr (sizeof(TQ) == 2) {
+    // 16-row CTAs only (policy::paged_rows_per_cta says why).
+    static_assert(policy::paged_rows_per_cta(1, 2) == 16, "16-bit q: 16-row CTAs");
+    return launch_paged_attention_mt<TQ, TC, D, 16>(p, stream);
+  } else {
+    const int64_t rows = static_cast<int64_t>(p.num_heads / p.num_heads_k) * p.seqlen_q;
+    switch (policy::paged_rows_per_cta(rows, sizeof(TQ))) {
+      case 4: return launch_paged_attention_mt<TQ, TC, D, 4>(p, stream);
+      case 8: return launch_paged_attention_mt<TQ, TC, D, 8>(p, stream);
+      default: return launch_paged_attention_mt<TQ, TC, D, 16>(p, stream);
+    }
   }
 }
 

@@ -13,9 +13,16 @@
 
 namespace jax_flash::policy {
 
-// Query rows per CTA of the CUDA-core kernel for a group of `rows` = G * Sq rows (4, 8 or 16;
-// more rows take several CTAs).
-constexpr int paged_rows_per_cta(int64_t rows) { return rows <= 4 ? 4 : (rows <= 8 ? 8 : 16); }
+// Query rows per CTA of the CUDA-core kernel for a group of `rows` = G * Sq rows and q of
+// `q_bytes`-byte elements (more rows take several CTAs): float32 q 4, 8 or 16; 16-bit q always 16.
+// 16-bit q runs the CUDA-core kernel only when asked for (PagedLaunch kernel "cuda_core",
+// JAX_FLASH_PAGED_MMA=0) or where the tensor-core kernel cannot take the call (q not 16-byte
+// aligned, 2^32 cache rows of Hkv heads), so one row count is compiled for it: the 4- and 8-row
+// variants were 2/3 of its kernels, ~220 s of the CPU time of a build for sm_80 + sm_90a (the
+// three files of 16-bit q and 8-bit caches had been the slowest of the build, ~115 s each).
+constexpr int paged_rows_per_cta(int64_t rows, int q_bytes) {
+  return q_bytes == 2 || rows > 8 ? 16 : (rows > 4 ? 8 : 4);
+}
 
 // Query rows per CTA of the tensor-core kernel (one m16 tile).
 constexpr int kPagedMmaRows = 16;
@@ -110,14 +117,15 @@ inline bool paged_use_mma(bool mma_ok, PagedKernel kernel) {
 }
 
 // Split count for the CUDA kernels: split only while the CTAs of one split (B * Hkv * chunks)
-// fill less than 80% of one wave of `slots` CTAs (CUDA-core kernel: two per SM for up to 8 query
-// rows per KV head, one for more; tensor-core kernel: paged_mma_ctas_per_sm), then to the
-// largest power of two that keeps within one wave and at least 128 keys per split. max_ctx is
-// the longest context (max_pages * page_size); `mma`: the tensor-core kernel runs the call
-// (paged_use_mma); head_dim: max(D, Dv) (the tensor-core kernel's CTAs per SM follow its tile
-// width). B = 0 (no CTA) gives 1.
-// Measured on an H100 SXM (132 SMs; bf16 Hq=32 Hkv=8 D=128 page 16; effective K+V GB/s by
-// num_splits, best in brackets; D2D copy 3014 GB/s read + write):
+// fill less than 80% of one wave of `slots` CTAs (CUDA-core kernel: two per SM for 4- and 8-row
+// CTAs, one for 16-row ones, paged_rows_per_cta; tensor-core kernel: paged_mma_ctas_per_sm),
+// then to the largest power of two that keeps within one wave and at least 128 keys per split.
+// max_ctx is the longest context (max_pages * page_size); `mma`: the tensor-core kernel runs the
+// call (paged_use_mma); head_dim: max(D, Dv) (the tensor-core kernel's CTAs per SM follow its
+// tile width); cache_bytes, q_bytes: the cache's and q's element sizes. B = 0 (no CTA) gives 1.
+// Measured on an H100 SXM (132 SMs; bf16 Hq=32 Hkv=8 D=128 page 16, the CUDA-core kernel with
+// 4-row CTAs, as float32 q still runs it; effective K+V GB/s by num_splits, best in brackets;
+// D2D copy 3014 GB/s read + write):
 //   B=1   ctx 4k:   s16 858, [s32 915], s48 639, s64 728
 //   B=1   ctx 32k:  s16 1924, s24 1944, [s32 2119], s48 1768, s64 1953
 //   B=1   ctx 128k: s16 2299, s24 2424, [s32 2717], s48 2282
@@ -137,9 +145,9 @@ inline bool paged_use_mma(bool mma_ok, PagedKernel kernel) {
 // 65.7, 8 x 8k [101.1] / 101.6 / 105.2 / 108.1 / 119.2: the choice is the best of them.
 inline int paged_num_splits(int64_t batch, int64_t num_heads_k, int64_t group, int64_t seqlen_q,
                             int64_t max_ctx, int num_sms, int head_dim, bool mma,
-                            int cache_bytes) {
+                            int cache_bytes, int q_bytes) {
   const int64_t rows = group * seqlen_q;
-  const int64_t mt = mma ? kPagedMmaRows : paged_rows_per_cta(rows);
+  const int64_t mt = mma ? kPagedMmaRows : paged_rows_per_cta(rows, q_bytes);
   const int64_t ctas = batch * num_heads_k * ((rows + mt - 1) / mt);
   const int64_t per_sm =
       mma ? paged_mma_ctas_per_sm(paged_mma_tile_dim(head_dim, head_dim), cache_bytes)
