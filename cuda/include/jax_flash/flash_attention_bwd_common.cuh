@@ -137,8 +137,8 @@ cudaError_t flash_bwd_delta(const FlashBwdParams& p, const FlashBwdWorkspace& ws
   const int64_t warps = static_cast<int64_t>(p.fwd.total_q) * p.fwd.num_heads;
   if (warps <= 0) return cudaSuccess;
   const int64_t blocks = (warps + 7) / 8 < 65536 ? (warps + 7) / 8 : 65536;
-  flash_bwd_delta_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p, ws.delta, ws.lse_log2,
-                                                                   ws.row_stride);
+  flash_bwd_delta_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+      p, ws.delta, ws.lse_log2, ws.row_stride);
   return cudaGetLastError();
 }
 

@@ -202,7 +202,7 @@ template <typename T, int kMaxHeadDim>
 cudaError_t run_flash_attention_bwd_simt(const FlashBwdParams& p, cudaStream_t stream) {
   const FlashParams& f = p.fwd;
   const FlashBwdWorkspace ws = flash_bwd_workspace(p, 0);
-  cudaError_t err = flash_bwd_delta<T>(p, ws, stream);  // delta rows of total_q entries (row_stride)
+  cudaError_t err = flash_bwd_delta<T>(p, ws, stream);  // delta only (rows of total_q entries)
   if (err != cudaSuccess) return err;
   constexpr int W = simt_bwd::kWarpsPerBlock;
   if (f.total_k > 0 && f.num_heads_k > 0) {

@@ -65,17 +65,6 @@ __device__ __forceinline__ void tma_prefetch_desc(const void* tmap) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
 }
 
-// Loads the box at coordinates (c0 innermost, c1) of a 2-d tensor map into shared memory at
-// `dst`, completing its bytes of transactions on `bar`. Out-of-bounds elements arrive as zeros.
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, uint32_t bar, int c0,
-                                            int c1) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3, %4}], [%2];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(bar), "r"(c0), "r"(c1)
-      : "memory");
-}
-
 // Loads the box at coordinates (c0 innermost, c1, c2) of a 3-d tensor map into shared memory at
 // `dst`, completing `bytes` of transactions on `bar`. Out-of-bounds elements arrive as zeros.
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* tmap, uint32_t bar, int c0,
