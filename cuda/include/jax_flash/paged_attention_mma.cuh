@@ -205,12 +205,7 @@ __device__ __forceinline__ void cvt4(uint32_t w, uint32_t& lo, uint32_t& hi) {
     memcpy(&lo, &ha, 4);
     memcpy(&hi, &hb, 4);
   } else {
-    const __half2_raw a = __nv_cvt_fp8x2_to_halfraw2(
-        static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), __NV_E4M3);
-    const __half2_raw b = __nv_cvt_fp8x2_to_halfraw2(
-        static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
-    memcpy(&lo, &a, 4);
-    memcpy(&hi, &b, 4);
+    e4m3x4_to_f16x2(w, lo, hi);
   }
 }
 

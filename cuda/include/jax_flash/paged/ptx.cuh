@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 namespace jax_flash {
@@ -79,14 +80,45 @@ __device__ __forceinline__ void s8x4_to_float(uint32_t w, float* f) {
   f[3] = __uint_as_float(__byte_perm(x, 0x4B000000u, 0x7443)) - 8388736.f;
 }
 
-// 4 e4m3 bytes -> 4 floats (exact; the hardware conversion on sm_89+).
-__device__ __forceinline__ void e4m3x4_to_float(uint32_t w, float* f) {
-  const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(
+// 4 e4m3 bytes (low first) -> two words of two float16 values (bytes 0, 1 -> lo; 2, 3 -> hi),
+// exact: every e4m3 value is a float16 value. sm_89+ convert in hardware. Elsewhere the
+// conversion library's fallback is a long sequence per pair (half of the sm_80 compile time of
+// the 8-bit-cache kernels, and their instructions), so: a code's exponent and mantissa bits moved
+// to float16's places make a float16 2^8 times smaller (a subnormal code a float16 subnormal of
+// the same digits; both exact after the multiply by 2^8), and the NaN codes (low 7 bits all set,
+// 480 after the multiply) get float16 NaN bits.
+__device__ __forceinline__ void e4m3x4_to_f16x2(uint32_t w, uint32_t& lo, uint32_t& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  const __half2_raw a = __nv_cvt_fp8x2_to_halfraw2(
       static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), __NV_E4M3);
-  const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(
+  const __half2_raw b = __nv_cvt_fp8x2_to_halfraw2(
       static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
-  const float2 a = __half22float2(__half2(lo));
-  const float2 b = __half22float2(__half2(hi));
+  memcpy(&lo, &a, 4);
+  memcpy(&hi, &b, 4);
+#else
+  const auto pair = [](uint32_t x) {  // x: the two codes in the high bytes of its halves
+    const uint32_t h = (x & 0x80008000u) | ((x >> 1) & 0x3f803f80u);
+    __half2 v;
+    memcpy(&v, &h, 4);
+    v = __hmul2(v, __half2(__ushort_as_half(0x5c00), __ushort_as_half(0x5c00)));  // 2^8
+    uint32_t r;
+    memcpy(&r, &v, 4);
+    return r | (__vcmpeq2(x & 0x7f007f00u, 0x7f007f00u) & 0x7e007e00u);
+  };
+  lo = pair(__byte_perm(w, 0, 0x1404));
+  hi = pair(__byte_perm(w, 0, 0x3424));
+#endif
+}
+
+// 4 e4m3 bytes -> 4 floats (exact).
+__device__ __forceinline__ void e4m3x4_to_float(uint32_t w, float* f) {
+  uint32_t lo, hi;
+  e4m3x4_to_f16x2(w, lo, hi);
+  __half2 a2, b2;
+  memcpy(&a2, &lo, 4);
+  memcpy(&b2, &hi, 4);
+  const float2 a = __half22float2(a2);
+  const float2 b = __half22float2(b2);
   f[0] = a.x;
   f[1] = a.y;
   f[2] = b.x;
