@@ -1,6 +1,6 @@
 // Checks paged::e4m3x4_to_f16x2, the 8-bit-cache kernels' e4m3 -> float16 conversion, against
-// the CUDA library's conversion on all 2^16 pairs of codes (both words of the result; NaN codes
-// must give NaN of the same sign bit). Build it for the architecture whose path to check; a
+// the CUDA library's conversion on all 2^16 pairs of codes, bit for bit (both words of the
+// result; NaN codes included). Build it for the architecture whose path to check; a
 // PTX-only build runs the sm_80 path (the bit manipulation) on a newer card through the JIT:
 //   nvcc -std=c++17 -Icuda/include -gencode arch=compute_80,code=compute_80 \
 //        tools/gpu/e4m3_convert_check.cu -o /tmp/e4m3_check && /tmp/e4m3_check
@@ -12,14 +12,7 @@
 
 #include "jax_flash/paged/ptx.cuh"
 
-__device__ bool same_f16(uint16_t a, uint16_t b) {
-  const bool nan_a = (a & 0x7c00u) == 0x7c00u && (a & 0x3ffu) != 0;
-  const bool nan_b = (b & 0x7c00u) == 0x7c00u && (b & 0x3ffu) != 0;
-  if (nan_a || nan_b) return nan_a && nan_b && (a & 0x8000u) == (b & 0x8000u);
-  return a == b;
-}
-
-__global__ void check(unsigned* mismatches, int* arch) {
+__global__ void check(unsigned* mismatches, int* arch, unsigned* first) {
   const uint32_t pair = blockIdx.x * blockDim.x + threadIdx.x;  // 2^16 threads
   if (pair == 0) {
 #ifdef __CUDA_ARCH__
@@ -32,9 +25,12 @@ __global__ void check(unsigned* mismatches, int* arch) {
   jax_flash::paged::e4m3x4_to_f16x2(w, lo, hi);
   const __half2_raw ref =
       __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
-  const bool ok = same_f16(lo & 0xffffu, ref.x) && same_f16(lo >> 16, ref.y) &&
-                  same_f16(hi & 0xffffu, ref.x) && same_f16(hi >> 16, ref.y);
-  if (!ok) atomicAdd(mismatches, 1u);
+  const uint32_t want = (uint32_t(ref.y) << 16) | ref.x;
+  const bool ok = lo == want && hi == want;  // bit for bit, NaN codes included
+  if (!ok && atomicAdd(mismatches, 1u) < 4) {
+    const unsigned i = atomicAdd(first + 16, 1u) & 3;
+    first[4 * i] = pair; first[4 * i + 1] = lo; first[4 * i + 2] = want;
+  }
 }
 
 int main() {
@@ -42,13 +38,20 @@ int main() {
   int* d_arch;
   cudaMalloc(&d_mis, sizeof(unsigned));
   cudaMalloc(&d_arch, sizeof(int));
+  unsigned* d_first;
+  cudaMalloc(&d_first, 17 * sizeof(unsigned));
+  cudaMemset(d_first, 0, 17 * sizeof(unsigned));
   cudaMemset(d_mis, 0, sizeof(unsigned));
   cudaMemset(d_arch, 0, sizeof(int));
-  check<<<256, 256>>>(d_mis, d_arch);
+  check<<<256, 256>>>(d_mis, d_arch, d_first);
   unsigned mis = 0;
   int arch = 0;
   cudaMemcpy(&mis, d_mis, sizeof(unsigned), cudaMemcpyDeviceToHost);
   cudaMemcpy(&arch, d_arch, sizeof(int), cudaMemcpyDeviceToHost);
+  unsigned first[17];
+  cudaMemcpy(first, d_first, sizeof(first), cudaMemcpyDeviceToHost);
+  for (int i = 0; i < 4 && i < int(mis); ++i)
+    std::printf("  codes 0x%04x: got 0x%08x, library 0x%08x\n", first[4 * i], first[4 * i + 1], first[4 * i + 2]);
   const cudaError_t err = cudaGetLastError();
   std::printf("e4m3 -> float16, __CUDA_ARCH__ %d: %u of 65536 pairs differ (%s)\n", arch, mis,
               cudaGetErrorString(err));

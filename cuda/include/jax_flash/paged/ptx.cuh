@@ -86,7 +86,7 @@ __device__ __forceinline__ void s8x4_to_float(uint32_t w, float* f) {
 // the 8-bit-cache kernels, and their instructions), so: a code's exponent and mantissa bits moved
 // to float16's places make a float16 2^8 times smaller (a subnormal code a float16 subnormal of
 // the same digits; both exact after the multiply by 2^8), and the NaN codes (low 7 bits all set,
-// 480 after the multiply) get float16 NaN bits.
+// 480 after the multiply) become the library's float16 NaN (0x7fff).
 __device__ __forceinline__ void e4m3x4_to_f16x2(uint32_t w, uint32_t& lo, uint32_t& hi) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   const __half2_raw a = __nv_cvt_fp8x2_to_halfraw2(
@@ -103,7 +103,8 @@ __device__ __forceinline__ void e4m3x4_to_f16x2(uint32_t w, uint32_t& lo, uint32
     v = __hmul2(v, __half2(__ushort_as_half(0x5c00), __ushort_as_half(0x5c00)));  // 2^8
     uint32_t r;
     memcpy(&r, &v, 4);
-    return r | (__vcmpeq2(x & 0x7f007f00u, 0x7f007f00u) & 0x7e007e00u);
+    const uint32_t nan = __vcmpeq2(x & 0x7f007f00u, 0x7f007f00u);
+    return (r & ~nan) | (nan & 0x7fff7fffu);  // the library's NaN, bit for bit
   };
   lo = pair(__byte_perm(w, 0, 0x1404));
   hi = pair(__byte_perm(w, 0, 0x3424));
