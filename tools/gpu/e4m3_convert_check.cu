@@ -5,6 +5,7 @@
 //   nvcc -std=c++17 -Icuda/include -gencode arch=compute_80,code=compute_80 \
 //        tools/gpu/e4m3_convert_check.cu -o /tmp/e4m3_check && /tmp/e4m3_check
 // Prints the __CUDA_ARCH__ the kernel ran and the count of mismatches; exits 1 on any.
+// tests/test_e4m3_convert.py builds and runs it both ways where a GPU and nvcc are.
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
