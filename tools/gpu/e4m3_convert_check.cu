@@ -30,16 +30,17 @@ __global__ void check(unsigned* mismatches, int* arch, unsigned* first) {
   const bool ok = lo == want && hi == want;  // bit for bit, NaN codes included
   if (!ok && atomicAdd(mismatches, 1u) < 4) {
     const unsigned i = atomicAdd(first + 16, 1u) & 3;
-    first[4 * i] = pair; first[4 * i + 1] = lo; first[4 * i + 2] = want;
+    first[4 * i] = pair;
+    first[4 * i + 1] = lo;
+    first[4 * i + 2] = want;
   }
 }
 
 int main() {
-  unsigned* d_mis;
+  unsigned *d_mis, *d_first;  // d_first: up to 4 mismatches (pair, got, library, -), a count
   int* d_arch;
   cudaMalloc(&d_mis, sizeof(unsigned));
   cudaMalloc(&d_arch, sizeof(int));
-  unsigned* d_first;
   cudaMalloc(&d_first, 17 * sizeof(unsigned));
   cudaMemset(d_first, 0, 17 * sizeof(unsigned));
   cudaMemset(d_mis, 0, sizeof(unsigned));
@@ -52,7 +53,8 @@ int main() {
   unsigned first[17];
   cudaMemcpy(first, d_first, sizeof(first), cudaMemcpyDeviceToHost);
   for (int i = 0; i < 4 && i < int(mis); ++i)
-    std::printf("  codes 0x%04x: got 0x%08x, library 0x%08x\n", first[4 * i], first[4 * i + 1], first[4 * i + 2]);
+    std::printf("  codes 0x%04x: got 0x%08x, library 0x%08x\n", first[4 * i],
+                first[4 * i + 1], first[4 * i + 2]);
   const cudaError_t err = cudaGetLastError();
   std::printf("e4m3 -> float16, __CUDA_ARCH__ %d: %u of 65536 pairs differ (%s)\n", arch, mis,
               cudaGetErrorString(err));

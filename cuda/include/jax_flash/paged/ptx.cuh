@@ -82,11 +82,12 @@ __device__ __forceinline__ void s8x4_to_float(uint32_t w, float* f) {
 
 // 4 e4m3 bytes (low first) -> two words of two float16 values (bytes 0, 1 -> lo; 2, 3 -> hi),
 // exact: every e4m3 value is a float16 value. sm_89+ convert in hardware. Elsewhere the
-// conversion library's fallback is a long sequence per pair (half of the sm_80 compile time of
-// the 8-bit-cache kernels, and their instructions), so: a code's exponent and mantissa bits moved
+// conversion library's fallback was half of the sm_80 compile time of the 8-bit-cache kernels
+// (their SASS about the same length either way), so: a code's exponent and mantissa bits moved
 // to float16's places make a float16 2^8 times smaller (a subnormal code a float16 subnormal of
 // the same digits; both exact after the multiply by 2^8), and the NaN codes (low 7 bits all set,
 // 480 after the multiply) become the library's float16 NaN (0x7fff).
+// (The CPU kernel's scalar conversion to float32 is numeric.h's e4m3_to_float.)
 __device__ __forceinline__ void e4m3x4_to_f16x2(uint32_t w, uint32_t& lo, uint32_t& hi) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   const __half2_raw a = __nv_cvt_fp8x2_to_halfraw2(
