@@ -529,6 +529,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   // v_ref a per-warp reference (the largest |scale| seen, raised lazily as the max is), so that
   // O = v_ref * (the accumulators) and every weight stays <= 2^8 * 2^7 (float16 holds 2^15).
   float v_ref = 0.f;
+  float v_inv = 0.f;  // 1 / v_ref, set where v_ref is (0 while v_ref is: every scale so far 0)
 
   // ---- main loop ----
   for (int n = 0; n < ntiles; ++n) {
@@ -703,12 +704,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
 #pragma unroll
           for (int e = 0; e < 2 * kHF; ++e) o[dt][e] *= corr;
         }
-        v_ref = vmax;
+        v_ref = vmax;  // > 0 here
+        v_inv = 1.f / vmax;  // a division only where the reference moves, not every tile
       }
-      const float inv = v_ref > 0.f ? 1.f / v_ref : 0.f;  // v_ref 0: every scale so far is 0
 #pragma unroll
       for (int nt = 0; nt < kSN; ++nt) {
-        const float ax = vs[nt].x * inv, ay = vs[nt].y * inv;
+        const float ax = vs[nt].x * v_inv, ay = vs[nt].y * v_inv;
         s[nt][0] *= ax;
         s[nt][1] *= ay;
         if (kHF > 1) {
