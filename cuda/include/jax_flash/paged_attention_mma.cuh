@@ -549,19 +549,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     const int32_t kw = static_cast<int32_t>(kw64);
     const uint32_t sK = ring_addr + (n % kS) * C::kStageBytes;
     const uint32_t sV = sK + C::kTileBytes;
-    // Per-token scales of the warp's keys, read before the Q K^T that they follow: read where
-    // they are used, their shared-memory latency stalled the score scaling and the V-scale max
-    // (Nsight Compute, H200, int8 B64 ctx8k: 15% of the warp samples on short scoreboard against
-    // 11% with per-head scales).
+    // Per-token scales of the warp's keys. Read where they are used, their shared-memory
+    // latency stalled the score scaling and the V-scale max (Nsight Compute, H200, int8 B64
+    // ctx8k: 15% of the warp samples on short scoreboard against 11% with per-head scales), so
+    // they are read before the tile's Q K^T where the registers allow (2 CTAs per SM or fewer:
+    // 255 a thread; with 3, D 64's 8-bit variants, the 4 * kSN more would spill).
+    constexpr bool kEarlyScales = C::kCtasPerSm <= 2;
     float2 ks[kSN], vs[kSN];
-    if (per_token) {
+    auto read_scales = [&] {
       const float* scl = scl_s + (n % kS) * 2 * kTK + warp * 16 * kSl + 2 * t;
 #pragma unroll
       for (int nt = 0; nt < kSN; ++nt) {
         ks[nt] = *reinterpret_cast<const float2*>(scl + nt * 8);
         vs[nt] = *reinterpret_cast<const float2*>(scl + kTK + nt * 8);
       }
-    }
+    };
+    if (kEarlyScales && per_token) read_scales();
 
     // S = Q K^T: s[nt] holds keys kw + nt * 8 + 2t + {0, 1} of rows g ([0], [1]) and g + 8.
     float s[kSN][4];
@@ -623,6 +626,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
         }
       }
     }
+    if (!kEarlyScales && per_token) read_scales();
     // scale (times the key's K scale, per-token scales), softcap, mask (after the softcap: tanh
     // would turn -inf into a finite score)
     const float s_in = has_cap ? cap_in : x_scale;
