@@ -529,6 +529,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   // v_ref a per-warp reference (the largest |scale| seen, raised lazily as the max is), so that
   // O = v_ref * (the accumulators) and every weight stays <= 2^8 * 2^7 (float16 holds 2^15).
   float v_ref = 0.f;
+  float v_inv = 0.f;  // 1 / v_ref, set where v_ref is (0 while v_ref is: every scale so far 0)
 
   // ---- main loop ----
   for (int n = 0; n < ntiles; ++n) {
@@ -548,6 +549,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     const int32_t kw = static_cast<int32_t>(kw64);
     const uint32_t sK = ring_addr + (n % kS) * C::kStageBytes;
     const uint32_t sV = sK + C::kTileBytes;
+    // Per-token scales of the warp's keys. Read where they are used, their shared-memory
+    // latency stalled the score scaling and the V-scale max (Nsight Compute, H200, int8 B64
+    // ctx8k: 15% of the warp samples on short scoreboard against 11% with per-head scales), so
+    // they are read before the tile's Q K^T where the registers allow (2 CTAs per SM or fewer:
+    // 255 a thread; with 3, D 64's 8-bit variants, the 4 * kSN more would spill).
+    constexpr bool kEarlyScales = C::kCtasPerSm <= 2;
+    float2 ks[kSN], vs[kSN];
+    auto read_scales = [&] {
+      const float* scl = scl_s + (n % kS) * 2 * kTK + warp * 16 * kSl + 2 * t;
+#pragma unroll
+      for (int nt = 0; nt < kSN; ++nt) {
+        ks[nt] = *reinterpret_cast<const float2*>(scl + nt * 8);
+        vs[nt] = *reinterpret_cast<const float2*>(scl + kTK + nt * 8);
+      }
+    };
+    if (kEarlyScales && per_token) read_scales();
 
     // S = Q K^T: s[nt] holds keys kw + nt * 8 + 2t + {0, 1} of rows g ([0], [1]) and g + 8.
     float s[kSN][4];
@@ -609,7 +626,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
         }
       }
     }
-    const float* scl = scl_s + (n % kS) * 2 * kTK + warp * 16 * kSl + 2 * t;  // per-token scales
+    if (!kEarlyScales && per_token) read_scales();
     // scale (times the key's K scale, per-token scales), softcap, mask (after the softcap: tanh
     // would turn -inf into a finite score)
     const float s_in = has_cap ? cap_in : x_scale;
@@ -617,9 +634,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     for (int nt = 0; nt < kSN; ++nt) {
       float2 f = make_float2(s_in, s_in);
       if (per_token) {
-        const float2 ks = *reinterpret_cast<const float2*>(scl + nt * 8);
-        f.x *= ks.x;
-        f.y *= ks.y;
+        f.x *= ks[nt].x;
+        f.y *= ks[nt].y;
       }
 #pragma unroll
       for (int e = 0; e < 2 * kHF; ++e) {
@@ -686,13 +702,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     }
 
     if (per_token) {  // after the sums: P's columns times the V scale of their key / v_ref
-      float2 vs[kSN];
       float vmax = 0.f;
 #pragma unroll
-      for (int nt = 0; nt < kSN; ++nt) {
-        vs[nt] = *reinterpret_cast<const float2*>(scl + kTK + nt * 8);
-        vmax = fmaxf(vmax, fmaxf(fabsf(vs[nt].x), fabsf(vs[nt].y)));
-      }
+      for (int nt = 0; nt < kSN; ++nt) vmax = fmaxf(vmax, fmaxf(fabsf(vs[nt].x), fabsf(vs[nt].y)));
       // the warp's keys: lanes of one t share them, so the max over t is warp-uniform
       vmax = fmaxf(vmax, __shfl_xor_sync(kFull, vmax, 1));
       vmax = fmaxf(vmax, __shfl_xor_sync(kFull, vmax, 2));
@@ -703,12 +715,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
 #pragma unroll
           for (int e = 0; e < 2 * kHF; ++e) o[dt][e] *= corr;
         }
-        v_ref = vmax;
+        v_ref = vmax;  // > 0 here
+        v_inv = 1.f / vmax;  // a division only where the reference moves, not every tile
       }
-      const float inv = v_ref > 0.f ? 1.f / v_ref : 0.f;  // v_ref 0: every scale so far is 0
 #pragma unroll
       for (int nt = 0; nt < kSN; ++nt) {
-        const float ax = vs[nt].x * inv, ay = vs[nt].y * inv;
+        const float ax = vs[nt].x * v_inv, ay = vs[nt].y * v_inv;
         s[nt][0] *= ax;
         s[nt][1] *= ay;
         if (kHF > 1) {
