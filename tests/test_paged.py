@@ -193,11 +193,12 @@ def test_quantized_cache(kernel_platform, rng, cache_dtype, per_token):
 
 
 # Head dims of real models: 16 and 32 (small test models), 80 (Phi-2), 96 (Phi-3-mini), 112, 160,
-# 256, and D != Dv (192/128 as DeepSeek's MLA prefill, 128/64): the tensor-core kernel runs them
-# on its 64 / 128 / 256 tiles (policy::paged_mma_tile_dim); the CUDA-core kernel takes 64, 128,
-# 256 with D == Dv only (the others skip on it, after checking that it refuses them).
+# 256, and D != Dv (192/128 as DeepSeek's MLA prefill, 128/64; 96/80 and 64/112 pad K or V on
+# the 128-wide tile): the tensor-core kernel runs them on its 64 / 128 / 256 tiles
+# (policy::paged_mma_tile_dim); the CUDA-core kernel takes 64, 128, 256 with D == Dv only (the
+# others skip on it, after checking that it refuses them).
 HEAD_DIMS = [(16, 16), (32, 32), (80, 80), (96, 96), (112, 112), (160, 160), (256, 256),
-             (192, 128), (128, 64), (48, 208)]  # fmt: skip
+             (192, 128), (128, 64), (48, 208), (96, 80), (64, 112)]  # fmt: skip
 
 
 # The 8-bit caches on one head dim per tile width and a D != Dv (CPU time in CI).

@@ -166,13 +166,20 @@ def _driver(quick: bool, platform: str, ops: tuple[str, ...] = OPS) -> int:
         (bf16, bf16, None, 128, 16, None, dict()),
         (f32, f32, None, 64, 16, None, dict(num_splits=4)),  # CUDA cores whatever the dispatch
         (bf16, jnp.int8, "head", 128, 16, None, dict(logits_soft_cap=30.0)),
+        (f16, f16, None, 80, 16, 3, dict(causal=True, num_splits=3)),  # padded tile
         (f16, f16, None, 64, 1, 3, dict(causal=True)),
+        (bf16, bf16, None, 112, 8, None, dict(sliding_window=(30, 0))),
         (bf16, jnp.float8_e4m3fn, "token", 256, 8, 2, dict(sliding_window=(20, 0))),
         (f16, jnp.int8, "token", 64, 32, 4, dict(num_splits=3)),
         (f32, jnp.float8_e4m3fn, "head", 128, 16, 2, dict()),
         (bf16, bf16, None, 128, 16, None, dict(num_splits=12)),  # splits of 16 keys
     ]
-    for tq, tc, scale, D, page, Sq, opts in cases("paged_attention", paged, 3):
+    # The CUDA-core kernel (JAX_FLASH_PAGED_MMA=0) takes D 64 / 128 / 256 only: the other head
+    # dims' cases are the tensor-core kernel's.
+    cuda_core_only = os.environ.get("JAX_FLASH_PAGED_MMA") == "0"
+    for tq, tc, scale, D, page, Sq, opts in cases("paged_attention", paged, 4):
+        if cuda_core_only and D not in (64, 128, 256):
+            continue
         B, Hkv, group = 5, 2, 4
         max_pages = 12
         num_pages = B * max_pages + 3

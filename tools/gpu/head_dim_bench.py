@@ -1,17 +1,17 @@
-"""Head dims beside D 128 on one GPU, one process: paged decode (64 x 8k and 1 x 32k, bf16 32/8,
-page 16; D == Dv and D != Dv) and prefill (B4 S4k bf16 32/8, causal and full), with the kernel
-each call runs (`jax_flash.kernel_for`). The benchmark grids hold D == Dv only; this covers the
-D != Dv shapes (192/128, 128/64) and the padded head dims' prefill.
+"""Head dims beside D 128 on one GPU, one process: paged decode (64 x 8k, 8 x 8k, 1 x 32k and
+1 x 8k, bf16 32/8, page 16; D == Dv and D != Dv) and prefill (B4 S4k bf16 32/8, causal and
+full), with the kernel each call runs (`jax_flash.kernel_for`). The benchmark grids hold D == Dv
+only; this covers the D != Dv shapes (192/128, 128/64) and the narrow head dims.
 
 Decode GB/s counts K (D) and V (Dv) bytes read; prefill TFLOP/s counts 2 (D + Dv) S^2 per head
 (half of it causal). Times are per call in a jitted loop (`jax_flash.bench.timing`).
 
-    python tools/gpu/head_dim_bench.py [OUT_DIR]   # writes OUT_DIR/head_dims.json
+    python tools/gpu/head_dim_bench.py [--decode-only] [OUT_DIR]   # writes OUT_DIR/head_dims.json
 """
 
+import argparse
 import json
 import os
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -82,19 +82,20 @@ def prefill_row(key, causal, d, dv, batch=4, seqlen=4096, heads=(32, 8)):
     return row
 
 
-def main(out_dir):
+def main(out_dir, decode_only=False):
     key = jax.random.key(0)
     rows = {}
     jobs = [
-        (f"decode {b}x{c} D{d}/{dv}", decode_row, (key, b, c, d, dv))
-        for b, c in ((64, 8192), (1, 32768))
+        (f"decode {b}x{c // 1024}k D{d}/{dv}", decode_row, (key, b, c, d, dv))
+        for b, c in ((64, 8192), (8, 8192), (1, 32768), (1, 8192))
         for d, dv in DECODE_DIMS
     ]
-    jobs += [
-        (f"prefill B4 S4k {'causal' if c else 'full'} D{d}/{dv}", prefill_row, (key, c, d, dv))
-        for c in (True, False)
-        for d, dv in PREFILL_DIMS
-    ]
+    if not decode_only:
+        jobs += [
+            (f"prefill B4 S4k {'causal' if c else 'full'} D{d}/{dv}", prefill_row, (key, c, d, dv))
+            for c in (True, False)
+            for d, dv in PREFILL_DIMS
+        ]
     for name, fn, args in jobs:
         try:
             rows[name] = fn(*args)
@@ -108,4 +109,8 @@ def main(out_dir):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "bench-results")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out_dir", nargs="?", default="bench-results")
+    ap.add_argument("--decode-only", action="store_true", help="the decode rows only")
+    a = ap.parse_args()
+    main(a.out_dir, a.decode_only)
