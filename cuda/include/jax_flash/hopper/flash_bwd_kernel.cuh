@@ -173,8 +173,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
 
   const int cw = wg;           // warpgroup: keys 64 cw .. 64 cw + 63 of the block
-  // The thread that issues this warpgroup's dQ reduce-adds (where the warpgroup computes dQ).
-  const bool dq_issuer = cw < Tr::kDqWarpgroups && (tid & 127) == 0;
+  // The thread that issues the dQ reduce-adds of this warpgroup (where it computes dQ), or of
+  // this warp (kDqReducePerWarp).
+  const bool dq_issuer =
+      cw < Tr::kDqWarpgroups && (Tr::kDqReducePerWarp ? lane == 0 : (tid & 127) == 0);
   const int ctid = tid;        // 0..255
   const int g = lane >> 2;     // accumulator row (and +8) within the warp's 16
   const int t = lane & 3;      // accumulator column pair
@@ -426,13 +428,26 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                        : "memory");
         }
       }
-      const uint32_t panel = sDq + cw * Tr::kSmemDqPanel;
       fence_proxy_async();
-      named_sync(2 + cw, 128);
-      if (dq_issuer) {
-        tma_reduce_add_3d(&tm_dq, panel, 64 * cw, h, e.q_start + m0);
-        tma_reduce_add_3d(&tm_dq, panel + BM * 128, 64 * cw + 32, h, e.q_start + m0);
-        bulk_commit();
+      if constexpr (Tr::kDqReducePerWarp) {
+        // This warp's rows 16 (warp % 4) .. + 15 of both boxes (a 1024-byte aligned band: the
+        // swizzle's phase is the box's), added once the warp's stores are in.
+        const int r0 = 16 * (warp & 3);
+        const uint32_t band = sDq + cw * Tr::kSmemDqPanel + r0 * 128;
+        __syncwarp();
+        if (dq_issuer) {
+          tma_reduce_add_3d(&tm_dq, band, 64 * cw, h, e.q_start + m0 + r0);
+          tma_reduce_add_3d(&tm_dq, band + BM * 128, 64 * cw + 32, h, e.q_start + m0 + r0);
+          bulk_commit();
+        }
+      } else {
+        const uint32_t panel = sDq + cw * Tr::kSmemDqPanel;
+        named_sync(2 + cw, 128);
+        if (dq_issuer) {
+          tma_reduce_add_3d(&tm_dq, panel, 64 * cw, h, e.q_start + m0);
+          tma_reduce_add_3d(&tm_dq, panel + BM * 128, 64 * cw + 32, h, e.q_start + m0);
+          bulk_commit();
+        }
       }
     } else if (cw < Tr::kDqWarpgroups) {
       // Per-thread atomics (kDqReduceTma off, or the sequence's last, partial query block,

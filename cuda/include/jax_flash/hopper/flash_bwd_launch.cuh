@@ -75,7 +75,7 @@ cudaError_t run_flash_attention_bwd_hopper(const FlashBwdParams& p, cudaStream_t
   const FlashParams& f = p.fwd;
   CUtensorMap tm_q, tm_k, tm_v, tm_do, tm_dq, tm_rows;
   // The float32 dQ accumulator [total_q, num_heads, head_dim] of the workspace, which the
-  // kernel's reduce-adds target in boxes of 32 columns x kBlockM rows; lse (log2 units) and
+  // kernel's reduce-adds target in boxes of 32 columns x kDqBoxRows rows; lse (log2 units) and
   // Delta ([2][num_heads][row_stride], Delta first), read in boxes of kRowsBox entries of one
   // head in both.
   const FlashBwdWorkspace ws_at = flash_bwd_workspace(p, Tr::kBlockM);
@@ -90,7 +90,7 @@ cudaError_t run_flash_attention_bwd_hopper(const FlashBwdParams& p, cudaStream_t
       !hopper::make_tensor_map_3d(&tm_dq, ws_at.dq_accum, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4,
                                   f.head_dim, f.num_heads, f.total_q,
                                   static_cast<int64_t>(f.num_heads) * f.head_dim, 32,
-                                  Tr::kBlockM) ||
+                                  Tr::kDqBoxRows) ||
       !hopper::make_tensor_map_rows_f32(&tm_rows, ws_at.delta, f.total_q, f.num_heads, 2,
                                         ws_at.row_stride, Tr::kRowsBox))
     return cudaErrorNotSupported;
