@@ -512,9 +512,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   // int8 caches: each raw score is Q K^T + 1152 * (the sum of its q row) (q8::cvt4_k: two
   // instructions fewer per 4 codes, ~4% of the tile loop's), the bias taken off in float32
   // before the scale: 1152 * the row sums of Q's float16 fragments (every warp holds all 16
-  // rows). The accumulation's rounding then scales with the bias rather than the score: a few
-  // 2^-24 of 1152 * sum|q|, ~1e-5 of a typical score (|code| ~ 40), against the codes' own
-  // rounding of 2^-8.
+  // rows). The accumulation's rounding then scales with the bias rather than the score: up to
+  // ~2e-5 of a typical score's size (a float32 model of the 16-product sums, D 128, codes of
+  // spread 40: the bias ~30x the score), against the codes' own rounding of 2^-8.
   constexpr bool kBiasK = std::is_same_v<TC, int8_t>;
   float k_bias[2] = {0.f, 0.f};  // rows g, g + 8
   if constexpr (kBiasK) {
