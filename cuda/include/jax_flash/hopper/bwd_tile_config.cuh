@@ -33,12 +33,25 @@ struct HopperBwdTraits {
   // dQ = dS K (64 rows x head_dim) is split by 64-column panels over the consumer warpgroups:
   // both at head_dim 128, the first alone at 64.
   static constexpr int kDqWarpgroups = kHeadDim / 64;
-  // A whole query block's dQ panel goes to the accumulator by one TMA reduce-add from shared
-  // memory (else each thread adds its fragment with atomics). Measured on an H100 (bf16, 1 x 16k
-  // causal, 32/8 heads, backward alone): 426 against 390 TFLOP/s at head_dim 128, but 290
-  // against 305 at 64, where one warpgroup computes dQ and the staging's extra barrier waits
-  // idle the other.
-  static constexpr bool kDqReduceTma = kHeadDim >= 128;
+  // Each warp adds its own 16 rows of the staged dQ panel (one lane issues two TMA reduce-adds
+  // of 16 x 32 floats) after a warp barrier, instead of one thread per warpgroup adding the
+  // whole 64-row panel after a 128-thread barrier. Measured on an H200 (bf16, B4 S4k, 32/8
+  // heads, fwd+bwd TFLOP/s, one call): head dim 64 causal 315 -> 323 fast and 191 -> 239
+  // deterministic (whose panel was added by atomics: the warpgroup barrier idled the other
+  // warpgroup), head dim 128 363 -> 369 / 419 -> 426 deterministic (causal / not), but 441 ->
+  // 432 / 505 -> 495 fast: per warp in deterministic mode and at head dim 64. Rows of the
+  // reduce-add's box: dq_box_rows.
+  template <bool kDeterministic>
+  static constexpr bool kDqReducePerWarp = kDeterministic || kHeadDim == 64;
+  template <bool kDeterministic>
+  static constexpr int kDqBoxRows = kDqReducePerWarp<kDeterministic> ? 16 : kBlockM;
+  // A whole query block's dQ panel goes to the accumulator by TMA reduce-adds from shared
+  // memory (else each thread adds its fragment with atomics). Measured on an H100 with one
+  // reduce-add per warpgroup (bf16, 1 x 16k causal, 32/8 heads, backward alone): 426 against
+  // 390 TFLOP/s at head_dim 128, but 290 against 305 at 64, where one warpgroup computes dQ and
+  // the staging's barrier idles the other (per warp there is no such barrier).
+  template <bool kDeterministic>
+  static constexpr bool kDqReduceTma = kHeadDim >= 128 || kDqReducePerWarp<kDeterministic>;
   // The dV GEMM issued before the dS stores and the dK GEMM after dQ's (fast mode: it runs
   // while dQ is staged for the reduce-add) or with dV (deterministic: both run while the CTA
   // waits for its dQ turn), rather than both after the dS stores. Measured on an H200 (bf16,

@@ -21,7 +21,8 @@
 //     dV, dK, dQ, dV and dK running while the CTA waits for its dQ turn)
 //     dS^T stored to shared memory; dQ = dS K   wgmma ss with both operands MN-major, split by
 //           64-column panels over the warpgroups, staged in shared memory and added to the
-//           float32 accumulator by a TMA reduce-add (HopperBwdTraits::kDqReduceTma; else, and
+//           float32 accumulator by a TMA reduce-add (HopperBwdTraits::kDqReduceTma, per warp or per
+//           warpgroup as kDqReducePerWarp says; else, and
 //           for a sequence's last, partial query block, per-thread atomics) (deterministic mode:
 //           in ascending key-block order, per-(head, query tile) turn counters and the visit
 //           order of flash_bwd_visit, as in the mma.sync kernel; a visit's turn is passed on in
@@ -173,8 +174,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
 
   const int cw = wg;           // warpgroup: keys 64 cw .. 64 cw + 63 of the block
-  // The thread that issues this warpgroup's dQ reduce-adds (where the warpgroup computes dQ).
-  const bool dq_issuer = cw < Tr::kDqWarpgroups && (tid & 127) == 0;
+  constexpr bool kDqPerWarp = Tr::template kDqReducePerWarp<kDeterministic>;
+  // The thread that issues the dQ reduce-adds of this warpgroup (where it computes dQ), or of
+  // this warp (kDqPerWarp).
+  const bool dq_issuer = cw < Tr::kDqWarpgroups && (kDqPerWarp ? lane == 0 : (tid & 127) == 0);
   const int ctid = tid;        // 0..255
   const int g = lane >> 2;     // accumulator row (and +8) within the warp's 16
   const int t = lane & 3;      // accumulator column pair
@@ -400,7 +403,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     } else {
       fence_dkv();
     }
-    if (cw < Tr::kDqWarpgroups && Tr::kDqReduceTma && rows == BM) {
+    if (cw < Tr::kDqWarpgroups && Tr::template kDqReduceTma<kDeterministic> && rows == BM) {
       // A whole query block: dQ's 64 x 64 panel staged in shared memory (two 128-byte-swizzled
       // boxes of 32 float32 columns) and added to the accumulator by one TMA reduce-add.
       reg_fence(dq);
@@ -426,13 +429,26 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                        : "memory");
         }
       }
-      const uint32_t panel = sDq + cw * Tr::kSmemDqPanel;
       fence_proxy_async();
-      named_sync(2 + cw, 128);
-      if (dq_issuer) {
-        tma_reduce_add_3d(&tm_dq, panel, 64 * cw, h, e.q_start + m0);
-        tma_reduce_add_3d(&tm_dq, panel + BM * 128, 64 * cw + 32, h, e.q_start + m0);
-        bulk_commit();
+      if constexpr (kDqPerWarp) {
+        // This warp's rows 16 (warp % 4) .. + 15 of both boxes (a 1024-byte aligned band: the
+        // swizzle's phase is the box's), added once the warp's stores are in.
+        const int r0 = 16 * (warp & 3);
+        const uint32_t band = sDq + cw * Tr::kSmemDqPanel + r0 * 128;
+        __syncwarp();
+        if (dq_issuer) {
+          tma_reduce_add_3d(&tm_dq, band, 64 * cw, h, e.q_start + m0 + r0);
+          tma_reduce_add_3d(&tm_dq, band + BM * 128, 64 * cw + 32, h, e.q_start + m0 + r0);
+          bulk_commit();
+        }
+      } else {
+        const uint32_t panel = sDq + cw * Tr::kSmemDqPanel;
+        named_sync(2 + cw, 128);
+        if (dq_issuer) {
+          tma_reduce_add_3d(&tm_dq, panel, 64 * cw, h, e.q_start + m0);
+          tma_reduce_add_3d(&tm_dq, panel + BM * 128, 64 * cw + 32, h, e.q_start + m0);
+          bulk_commit();
+        }
       }
     } else if (cw < Tr::kDqWarpgroups) {
       // Per-thread atomics (kDqReduceTma off, or the sequence's last, partial query block,
