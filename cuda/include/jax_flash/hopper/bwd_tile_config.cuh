@@ -40,7 +40,7 @@ struct HopperBwdTraits {
   // deterministic (whose panel was added by atomics: the warpgroup barrier idled the other
   // warpgroup), head dim 128 363 -> 369 / 419 -> 426 deterministic (causal / not), but 441 ->
   // 432 / 505 -> 495 fast: per warp in deterministic mode and at head dim 64. Rows of the
-  // reduce-add's box: dq_box_rows.
+  // reduce-add's box: kDqBoxRows.
   template <bool kDeterministic>
   static constexpr bool kDqReducePerWarp = kDeterministic || kHeadDim == 64;
   template <bool kDeterministic>

@@ -21,9 +21,9 @@
 //     dV, dK, dQ, dV and dK running while the CTA waits for its dQ turn)
 //     dS^T stored to shared memory; dQ = dS K   wgmma ss with both operands MN-major, split by
 //           64-column panels over the warpgroups, staged in shared memory and added to the
-//           float32 accumulator by a TMA reduce-add (HopperBwdTraits::kDqReduceTma, per warp or per
-//           warpgroup as kDqReducePerWarp says; else, and
-//           for a sequence's last, partial query block, per-thread atomics) (deterministic mode:
+//           float32 accumulator by TMA reduce-adds (HopperBwdTraits::kDqReduceTma; per warp or
+//           per warpgroup as kDqReducePerWarp says; else, and for a sequence's last, partial
+//           query block, per-thread atomics) (deterministic mode:
 //           in ascending key-block order, per-(head, query tile) turn counters and the visit
 //           order of flash_bwd_visit, as in the mma.sync kernel; a visit's turn is passed on in
 //           the next visit, before that one's turn is waited for, so that the wait for the
@@ -405,7 +405,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
     if (cw < Tr::kDqWarpgroups && Tr::template kDqReduceTma<kDeterministic> && rows == BM) {
       // A whole query block: dQ's 64 x 64 panel staged in shared memory (two 128-byte-swizzled
-      // boxes of 32 float32 columns) and added to the accumulator by one TMA reduce-add.
+      // boxes of 32 float32 columns) and added to the accumulator by TMA reduce-adds (of the
+      // warpgroup's panel, or of each warp's 16 rows: kDqPerWarp).
       reg_fence(dq);
       // Element pair (row r, columns c, c + 1), c = 8j + 2t: box j / 4, 16-byte chunk
       // (2 (j % 4) + t / 2) of row r, swizzled by r % 8 = g, 8 bytes in for odd t. A 64-bit
