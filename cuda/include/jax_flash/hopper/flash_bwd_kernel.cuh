@@ -431,25 +431,20 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         }
       }
       fence_proxy_async();
+      // Per warp: this warp's rows 16 (warp % 4) .. + 15 of both boxes (a 1024-byte aligned
+      // band: the swizzle's phase is the box's), added once the warp's stores are in; else the
+      // warpgroup's whole panel, once all its warps' are.
+      const int r0 = kDqPerWarp ? 16 * (warp & 3) : 0;
+      const uint32_t src = sDq + cw * Tr::kSmemDqPanel + r0 * 128;
       if constexpr (kDqPerWarp) {
-        // This warp's rows 16 (warp % 4) .. + 15 of both boxes (a 1024-byte aligned band: the
-        // swizzle's phase is the box's), added once the warp's stores are in.
-        const int r0 = 16 * (warp & 3);
-        const uint32_t band = sDq + cw * Tr::kSmemDqPanel + r0 * 128;
         __syncwarp();
-        if (dq_issuer) {
-          tma_reduce_add_3d(&tm_dq, band, 64 * cw, h, e.q_start + m0 + r0);
-          tma_reduce_add_3d(&tm_dq, band + BM * 128, 64 * cw + 32, h, e.q_start + m0 + r0);
-          bulk_commit();
-        }
       } else {
-        const uint32_t panel = sDq + cw * Tr::kSmemDqPanel;
         named_sync(2 + cw, 128);
-        if (dq_issuer) {
-          tma_reduce_add_3d(&tm_dq, panel, 64 * cw, h, e.q_start + m0);
-          tma_reduce_add_3d(&tm_dq, panel + BM * 128, 64 * cw + 32, h, e.q_start + m0);
-          bulk_commit();
-        }
+      }
+      if (dq_issuer) {
+        tma_reduce_add_3d(&tm_dq, src, 64 * cw, h, e.q_start + m0 + r0);
+        tma_reduce_add_3d(&tm_dq, src + BM * 128, 64 * cw + 32, h, e.q_start + m0 + r0);
+        bulk_commit();
       }
     } else if (cw < Tr::kDqWarpgroups) {
       // Per-thread atomics (kDqReduceTma off, or the sequence's last, partial query block,

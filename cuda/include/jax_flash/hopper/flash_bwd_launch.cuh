@@ -73,12 +73,12 @@ cudaError_t run_flash_attention_bwd_hopper(const FlashBwdParams& p, cudaStream_t
   using Tr = hopper::HopperBwdTraits<kHeadDim>;
   static_assert(Tr::kBlockM == kBwdMmaBlockM, "the workspace is sized with kBwdMmaBlockM");
   const FlashParams& f = p.fwd;
-  CUtensorMap tm_q, tm_k, tm_v, tm_do, tm_rows, tm_dq[2];
+  CUtensorMap tm_q, tm_k, tm_v, tm_do, tm_dq, tm_rows;
   // The float32 dQ accumulator [total_q, num_heads, head_dim] of the workspace, which the
-  // kernel's reduce-adds target in boxes of 32 columns x kDqBoxRows rows (tm_dq[deterministic]:
-  // the rows differ by mode); lse (log2 units) and Delta ([2][num_heads][row_stride], Delta
-  // first), read in boxes of kRowsBox entries of one head in both. All made before anything
-  // launches, so that a rejected one leaves the mma.sync backward a clean start.
+  // kernel's reduce-adds target in boxes of 32 columns x kDqBoxRows rows (the call's mode's);
+  // lse (log2 units) and Delta ([2][num_heads][row_stride], Delta first), read in boxes of
+  // kRowsBox entries of one head in both. All made before anything launches, so that a rejected
+  // one leaves the mma.sync backward a clean start.
   const FlashBwdWorkspace ws_at = flash_bwd_workspace(p, Tr::kBlockM);
   if (!hopper::make_tensor_map(&tm_q, f.q, f.dtype, f.head_dim, f.num_heads, f.total_q,
                                f.q_row_stride, Tr::kBlockM) ||
@@ -88,14 +88,11 @@ cudaError_t run_flash_attention_bwd_hopper(const FlashBwdParams& p, cudaStream_t
                                f.k_row_stride, Tr::kBlockN) ||
       !hopper::make_tensor_map(&tm_v, f.v, f.dtype, f.head_dim_v, f.num_heads_k, f.total_k,
                                f.v_row_stride, Tr::kBlockN) ||
-      !hopper::make_tensor_map_3d(&tm_dq[0], ws_at.dq_accum, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4,
+      !hopper::make_tensor_map_3d(&tm_dq, ws_at.dq_accum, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4,
                                   f.head_dim, f.num_heads, f.total_q,
                                   static_cast<int64_t>(f.num_heads) * f.head_dim, 32,
-                                  Tr::template kDqBoxRows<false>) ||
-      !hopper::make_tensor_map_3d(&tm_dq[1], ws_at.dq_accum, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4,
-                                  f.head_dim, f.num_heads, f.total_q,
-                                  static_cast<int64_t>(f.num_heads) * f.head_dim, 32,
-                                  Tr::template kDqBoxRows<true>) ||
+                                  p.deterministic ? Tr::template kDqBoxRows<true>
+                                                  : Tr::template kDqBoxRows<false>) ||
       !hopper::make_tensor_map_rows_f32(&tm_rows, ws_at.delta, f.total_q, f.num_heads, 2,
                                         ws_at.row_stride, Tr::kRowsBox))
     return cudaErrorNotSupported;
@@ -106,8 +103,7 @@ cudaError_t run_flash_attention_bwd_hopper(const FlashBwdParams& p, cudaStream_t
           return hopper::launch_flash_bwd_hopper<T, Tr, decltype(softcap)::value,
                                                  decltype(deterministic)::value,
                                                  decltype(padded_c)::value>(
-              p, ws, tm_q, tm_k, tm_v, tm_do, tm_dq[decltype(deterministic)::value], tm_rows,
-              stream);
+              p, ws, tm_q, tm_k, tm_v, tm_do, tm_dq, tm_rows, stream);
         });
       });
 }

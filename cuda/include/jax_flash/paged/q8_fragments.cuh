@@ -37,16 +37,23 @@ __device__ __forceinline__ int vcol(int n, int dt) {
   }
 }
 
+// 4 int8 codes x (the bytes of w, low first) -> two registers of two float16 values 1152 + x
+// (codes 0, 1 -> lo; 2, 3 -> hi), exact: the byte x + 128 under float16's 0x64 exponent byte is
+// 1024 + x + 128.
+__device__ __forceinline__ void int8x4_to_f16x2_biased(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  const uint32_t x = w ^ 0x80808080u;
+  lo = __byte_perm(x, 0x64646464u, 0x4140);
+  hi = __byte_perm(x, 0x64646464u, 0x4342);
+}
+
 // 4 cache codes (the bytes of w, low first) -> two registers of two float16 values (codes 0, 1
 // -> lo; 2, 3 -> hi), exact and unscaled (|int8| <= 128 and every e4m3 value are float16 values).
 template <typename TC>
 __device__ __forceinline__ void cvt4(uint32_t w, uint32_t& lo, uint32_t& hi) {
   if constexpr (std::is_same_v<TC, int8_t>) {
-    // float16 1024 + u (u = x + 128 in [0, 255]) has the bits 0x64uu; minus 1152: x.
-    const uint32_t x = w ^ 0x80808080u;
-    const uint32_t a = __byte_perm(x, 0x64646464u, 0x4140);
-    const uint32_t b = __byte_perm(x, 0x64646464u, 0x4342);
-    const __half2 off = __half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));
+    uint32_t a, b;
+    int8x4_to_f16x2_biased(w, a, b);
+    const __half2 off = __half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));  // 1152
     __half2 ha, hb;
     memcpy(&ha, &a, 4);
     memcpy(&hb, &b, 4);
@@ -59,15 +66,13 @@ __device__ __forceinline__ void cvt4(uint32_t w, uint32_t& lo, uint32_t& hi) {
   }
 }
 
-// K codes as Q K^T's B operand: e4m3 as cvt4; int8 as float16 1152 + code (cvt4 without its
-// subtract: the byte x + 128 under 0x64 is 1024 + x + 128, exact), so that every score carries
-// 1152 * (the sum of its q row), which the kernel takes off in float32 (kBiasK).
+// K codes as Q K^T's B operand: e4m3 as cvt4; int8 biased (1152 + code, without cvt4's
+// subtract), so that every score carries 1152 * (the sum of its q row), which the kernel takes
+// off in float32 (kBiasK).
 template <typename TC>
 __device__ __forceinline__ void cvt4_k(uint32_t w, uint32_t& lo, uint32_t& hi) {
   if constexpr (std::is_same_v<TC, int8_t>) {
-    const uint32_t x = w ^ 0x80808080u;
-    lo = __byte_perm(x, 0x64646464u, 0x4140);
-    hi = __byte_perm(x, 0x64646464u, 0x4342);
+    int8x4_to_f16x2_biased(w, lo, hi);
   } else {
     cvt4<TC>(w, lo, hi);
   }
