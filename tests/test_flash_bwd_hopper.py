@@ -1,11 +1,13 @@
-"""Tile edges of the Hopper backward (128-key blocks, 64-row query blocks, 2- and 3-visit load
-ring) through the backward's FFI target, against jax.vjp of the float32 reference.
+"""Tile edges of the Hopper backward (128-key blocks, or 64 on the 256-wide tile; 64-row query
+blocks; 2- and 3-visit load rings) through the backward's FFI target, against jax.vjp of the
+float32 reference.
 
 Every case runs with both backward kernels of a Hopper build, picked by the call's launch
 options (FlashBwdLaunch.hopper_kernel): "hopper", on a compute capability 9.0 GPU with an sm_90a
-build, runs the Hopper kernel (hopper/flash_bwd_kernel.cuh: float16 / bfloat16, head dims
-multiples of 16 up to 128, zero-padded to a 64- or 128-wide tile), and the mma.sync kernel (or,
-for the padded head dims, the SIMT kernel) elsewhere; "mma" runs those. Lengths off both
+build, runs the Hopper kernels (float16 / bfloat16, head dims multiples of 16 up to 256,
+zero-padded to a 64-, 128- or 256-wide tile: hopper/flash_bwd_kernel.cuh for the first two,
+hopper/flash_bwd_wide_kernel.cuh for the last), and the mma.sync kernel (or, for the padded
+head dims, the SIMT kernel) elsewhere; "mma" runs those. Lengths off both
 tiles, Sq != Skv both ways, GQA groups 1 / 4 / 8 (a CTA walks every query head of its kv
 head), causal / window / soft cap, zero-length and unowned rows (zeros), packed sequences whose
 tiles reach into the next one, non-finite values in rows no sequence owns, and the deterministic
@@ -51,7 +53,7 @@ def _cfg(d, mask):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("mask", MASKS, ids=[m[0] for m in MASKS])
 def test_lengths_off_the_tiles(rng, launch, dtype, d, mask):
     # 129 / 257 keys end one past a 128-key block; 65 / 191 queries one past / one short of a
@@ -69,18 +71,20 @@ def test_gqa_groups(rng, launch, group, mask):
 
 
 @pytest.mark.parametrize(
-    "d,dv", [(32, 32), (48, 48), (80, 80), (96, 96), (112, 112), (128, 64), (64, 112)]
+    "d,dv",
+    [(32, 32), (48, 48), (80, 80), (96, 96), (112, 112), (128, 64), (64, 112)]
+    + [(160, 160), (192, 192), (192, 128), (144, 240)],  # the 256-wide tile
 )
 @pytest.mark.parametrize("mask", MASKS[:2], ids=[m[0] for m in MASKS[:2]])
 def test_head_dims_below_the_tile_width(rng, launch, d, dv, mask):
-    # Zero-padded to the 64/128-wide tile (TMA reads zeros past D and Dv): only the D columns of
+    # Zero-padded to the 64/128/256-wide tile (TMA reads zeros past D and Dv): only the D columns of
     # dq / dk and the Dv columns of dv may be written (a padded column would land in the next
     # head's gradient); lengths off both tiles, GQA.
     _check_on(launch, rng, jnp.dtype("bfloat16"), [191, 65], [257, 129], 4, 2, d, dv, _cfg(d, mask))
 
 
 @pytest.mark.parametrize("sq,skv", [(1, 300), (300, 1), (64, 128), (128, 64), (333, 129)])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_unequal_lengths(rng, launch, sq, skv, d):
     # Causal, bottom-right: with sq > skv the first sq - skv rows see no key (zero gradients).
     _check_on(launch, rng, jnp.dtype("bfloat16"), [sq], [skv], 4, 1, d, d, _cfg(d, MASKS[1]))
@@ -92,7 +96,7 @@ def test_windows_across_blocks(rng, launch, window):
     _check_on(launch, rng, jnp.dtype("float16"), [333], [333], 4, 2, 64, 64, _cfg(64, mask))
 
 
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("mask", MASKS[:2], ids=[m[0] for m in MASKS[:2]])
 def test_varlen_tiles_into_next_sequence(rng, launch, d, mask):
     # No gap: 130 / 257 queries and 200 / 129 keys end inside tiles whose other rows belong to
@@ -102,7 +106,7 @@ def test_varlen_tiles_into_next_sequence(rng, launch, d, mask):
     _check_on(launch, rng, jnp.dtype("bfloat16"), lens_q, lens_k, 4, 2, d, d, _cfg(d, mask))
 
 
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_unowned_rows_and_empty_sequences(rng, launch, d):
     # 5 unowned rows after each sequence (written as zeros), a sequence with no queries and one
     # with no keys.
@@ -113,7 +117,7 @@ def test_unowned_rows_and_empty_sequences(rng, launch, d):
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_non_finite_unowned_rows_never_reach_the_outputs(rng, launch, bad, d):
     # Rows no sequence owns sit inside the tiles TMA reads; poisoned, they must change nothing.
     args = _check_on(
@@ -152,7 +156,7 @@ def test_non_finite_unowned_rows_never_reach_the_outputs(rng, launch, bad, d):
         assert rel_err(a, b) <= _tolerance(jnp.bfloat16), name
 
 
-@pytest.mark.parametrize("d", [64, 80, 128])
+@pytest.mark.parametrize("d", [64, 80, 128, 256])
 @pytest.mark.parametrize("mask", [MASKS[0], MASKS[3]], ids=["full", "softcap"])
 def test_deterministic_bit_identical(rng, launch, d, mask):
     # Several key blocks add to each query block's dQ (in a fixed order), GQA group 4.
@@ -162,7 +166,7 @@ def test_deterministic_bit_identical(rng, launch, d, mask):
     _check_deterministic(args, reruns=2, launch=launch)
 
 
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_both_kernels_agree(rng, d):
     # The same inputs through the Hopper kernel (where the device and build have it) and the
     # mma.sync kernel: each matches the reference (in _check) and the two match each other.

@@ -31,6 +31,7 @@ cudaError_t dispatch_bwd(const FlashBwdParams& p, bool hopper, bool strict, bool
       switch (policy::flash_mma_tile_dim(p.fwd.head_dim, p.fwd.head_dim_v)) {
         case 64: status = run_flash_attention_bwd_hopper<T, 64>(p, stream); break;
         case 128: status = run_flash_attention_bwd_hopper<T, 128>(p, stream); break;
+        case 256: status = run_flash_attention_bwd_hopper<T, 256>(p, stream); break;
         default: break;
       }
       if (status != cudaErrorNotSupported || strict) return status;
@@ -71,7 +72,7 @@ ffi::Error FlashAttentionBwdCuda(cudaStream_t stream, ffi::ScratchAllocator scra
     return invalid(kFlashBwdOp, "the CUDA kernel takes head dims up to " + std::to_string(kMaxD) +
                                     ", got " + std::to_string(p.fwd.head_dim) + "/" +
                                     std::to_string(p.fwd.head_dim_v));
-  // The Hopper kernel takes the mma.sync kernel's calls and the other head dims up to 128 (the
+  // The Hopper kernels take the mma.sync kernel's calls and the other head dims up to 256 (the
   // mma.sync kernel's workspace), unless the call's launch choice (hopper_kernel 0) keeps them
   // on the mma.sync / SIMT kernels.
   const bool hopper = hopper_kernel != 0 && flash_attention_bwd_hopper_supported(p);

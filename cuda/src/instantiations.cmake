@@ -140,4 +140,9 @@ foreach(tag f16 bf16)
     HEADER jax_flash/hopper/flash_bwd_launch.cuh FUNCTION run_flash_attention_bwd_hopper
     PARAMS FlashBwdParams WHAT "${_jf_type_${tag}}, head dims 64, 128"
     ARGS "${_jf_type_${tag}}, 64" "${_jf_type_${tag}}, 128")
+  # The 256-wide tile (head dims past 128): a file of its own, so that the compile spreads.
+  jax_flash_instantiate(flash_attention_bwd_hopper_wide_${tag}
+    HEADER jax_flash/hopper/flash_bwd_launch.cuh FUNCTION run_flash_attention_bwd_hopper
+    PARAMS FlashBwdParams WHAT "${_jf_type_${tag}}, head dim 256"
+    ARGS "${_jf_type_${tag}}, 256")
 endforeach()

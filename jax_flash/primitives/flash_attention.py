@@ -42,8 +42,9 @@ class FlashBwdLaunch:
     """How the CUDA backward runs a call (the FFI attribute hopper_kernel of
     cuda/ffi/flash_attention_bwd_common.h); the CPU kernel ignores it.
 
-    hopper_kernel: on a compute capability 9.0 device, "hopper" runs the wgmma backward
-    (hopper/flash_bwd_kernel.cuh) on the calls it takes, "mma" keeps them on the mma.sync
+    hopper_kernel: on a compute capability 9.0 device, "hopper" runs the wgmma backwards
+    (hopper/flash_bwd_kernel.cuh, and hopper/flash_bwd_wide_kernel.cuh past head dim 128) on
+    the calls they take, "mma" keeps them on the mma.sync
     backward (the SIMT backward for the head dims that one does not take: all but 64, 128 and
     the multiples of 16 in (128, 256] with D == Dv),
     to time both kernels in one build or to avoid the newer one.

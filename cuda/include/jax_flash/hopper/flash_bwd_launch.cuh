@@ -19,7 +19,9 @@
 #include "jax_flash/flash_attention_bwd_mma.cuh"
 #include "jax_flash/flash_bwd_params.h"
 #include "jax_flash/hopper/bwd_tile_config.cuh"
+#include "jax_flash/hopper/bwd_wide_tile_config.cuh"
 #include "jax_flash/hopper/flash_bwd_kernel.cuh"
+#include "jax_flash/hopper/flash_bwd_wide_kernel.cuh"
 #include "jax_flash/hopper/tma_desc.cuh"
 #include "jax_flash/launch.cuh"
 #include "jax_flash/policy/flash.h"
@@ -57,6 +59,51 @@ cudaError_t launch_flash_bwd_hopper(const FlashBwdParams& p, const FlashBwdWorks
       tm_rows);
 }
 
+// The 256-wide kernel (flash_bwd_wide_kernel.cuh): the same grid, over key blocks of its
+// kBlockN; no dQ tensor map (its dQ goes by atomics).
+template <typename T, bool kSoftcap, bool kDeterministic, bool kPadded>
+cudaError_t launch_flash_bwd_hopper_wide(const FlashBwdParams& p, const FlashBwdWorkspace& ws,
+                                         const CUtensorMap& tm_q, const CUtensorMap& tm_k,
+                                         const CUtensorMap& tm_v, const CUtensorMap& tm_do,
+                                         const CUtensorMap& tm_rows, cudaStream_t stream) {
+  using Tr = HopperBwdWideTraits;
+  const int64_t tiles = tile_slots(p.fwd.total_k, p.fwd.batch, Tr::kBlockN);
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.fwd.num_heads_k));
+  return launch_with_smem<flash_bwd_hopper_wide_kernel<T, Tr, kSoftcap, kDeterministic, kPadded>>(
+      grid, Tr::kThreads, Tr::kSmemBytes, stream, p, ws, tm_q, tm_k, tm_v, tm_do, tm_rows);
+}
+
+// Backward on the 256-wide kernel (head dims past 128): as run_flash_attention_bwd_hopper.
+template <typename T>
+cudaError_t run_flash_attention_bwd_hopper_wide(const FlashBwdParams& p, cudaStream_t stream) {
+  using Tr = HopperBwdWideTraits;
+  static_assert(Tr::kBlockM == kBwdMmaBlockM, "the workspace is sized with kBwdMmaBlockM");
+  const FlashParams& f = p.fwd;
+  CUtensorMap tm_q, tm_k, tm_v, tm_do, tm_rows;
+  const FlashBwdWorkspace ws_at = flash_bwd_workspace(p, Tr::kBlockM);
+  if (!make_tensor_map(&tm_q, f.q, f.dtype, f.head_dim, f.num_heads, f.total_q, f.q_row_stride,
+                       Tr::kBlockM) ||
+      !make_tensor_map(&tm_do, p.dout, f.dtype, f.head_dim_v, f.num_heads, f.total_q,
+                       p.dout_row_stride, Tr::kBlockM) ||
+      !make_tensor_map(&tm_k, f.k, f.dtype, f.head_dim, f.num_heads_k, f.total_k,
+                       f.k_row_stride, Tr::kBlockN) ||
+      !make_tensor_map(&tm_v, f.v, f.dtype, f.head_dim_v, f.num_heads_k, f.total_k,
+                       f.v_row_stride, Tr::kBlockN) ||
+      !make_tensor_map_rows_f32(&tm_rows, ws_at.delta, f.total_q, f.num_heads, 2,
+                                ws_at.row_stride, Tr::kRowsBox))
+    return cudaErrorNotSupported;
+  const bool padded = f.head_dim != Tr::kHeadDim || f.head_dim_v != Tr::kHeadDim;
+  return run_flash_bwd_accumulated<T>(
+      p, Tr::kBlockM, stream, [&](const FlashBwdWorkspace& ws, auto softcap, auto deterministic) {
+        return dispatch_bool(padded, [&](auto padded_c) {
+          return launch_flash_bwd_hopper_wide<T, decltype(softcap)::value,
+                                              decltype(deterministic)::value,
+                                              decltype(padded_c)::value>(
+              p, ws, tm_q, tm_k, tm_v, tm_do, tm_rows, stream);
+        });
+      });
+}
+
 }  // namespace hopper
 
 // Backward on the Hopper kernel for kHeadDim == policy::flash_mma_tile_dim(p.fwd.head_dim,
@@ -70,6 +117,9 @@ cudaError_t launch_flash_bwd_hopper(const FlashBwdParams& p, const FlashBwdWorks
 template <typename T, int kHeadDim>
 cudaError_t run_flash_attention_bwd_hopper(const FlashBwdParams& p, cudaStream_t stream) {
   static_assert(kIsHalfOrBFloat16<T>, "float16 or bfloat16");
+  if constexpr (kHeadDim == 256) {
+    return hopper::run_flash_attention_bwd_hopper_wide<T>(p, stream);
+  } else {
   using Tr = hopper::HopperBwdTraits<kHeadDim>;
   static_assert(Tr::kBlockM == kBwdMmaBlockM, "the workspace is sized with kBwdMmaBlockM");
   const FlashParams& f = p.fwd;
@@ -106,6 +156,7 @@ cudaError_t run_flash_attention_bwd_hopper(const FlashBwdParams& p, cudaStream_t
               p, ws, tm_q, tm_k, tm_v, tm_do, tm_dq, tm_rows, stream);
         });
       });
+  }
 }
 
 // Instantiated in the files flash_attention_bwd_hopper_{f16,bf16}.cu that
@@ -117,6 +168,10 @@ extern template cudaError_t run_flash_attention_bwd_hopper<__half, 128>(const Fl
 extern template cudaError_t run_flash_attention_bwd_hopper<__nv_bfloat16, 64>(
     const FlashBwdParams&, cudaStream_t);
 extern template cudaError_t run_flash_attention_bwd_hopper<__nv_bfloat16, 128>(
+    const FlashBwdParams&, cudaStream_t);
+extern template cudaError_t run_flash_attention_bwd_hopper<__half, 256>(const FlashBwdParams&,
+                                                                        cudaStream_t);
+extern template cudaError_t run_flash_attention_bwd_hopper<__nv_bfloat16, 256>(
     const FlashBwdParams&, cudaStream_t);
 
 }  // namespace jax_flash

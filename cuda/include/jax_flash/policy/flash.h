@@ -94,14 +94,15 @@ constexpr bool flash_hopper_dynamic_items(int consumers, int64_t items, int64_t 
   return consumers == 3 && items > ctas;
 }
 
-// Head dims of the Hopper backward kernel (hopper/flash_bwd_kernel.cuh), which takes the
-// fp16/bf16 backward calls with these head dims on compute capability 9.0 devices in builds with
-// sm_90a code (flash_attention_bwd_hopper_supported checks the device, the build and the
-// layout): D and Dv multiples of 16 up to 128, run on the tile of flash_mma_tile_dim (64 or 128
-// wide; columns past D and Dv are zeros). The other calls keep the mma.sync / SIMT backwards.
+// Head dims of the Hopper backward kernels (hopper/flash_bwd_kernel.cuh for the 64 and 128 wide
+// tiles, hopper/flash_bwd_wide_kernel.cuh for the 256 wide one), which take the fp16/bf16
+// backward calls with these head dims on compute capability 9.0 devices in builds with sm_90a
+// code (flash_attention_bwd_hopper_supported checks the device, the build and the layout): D and
+// Dv multiples of 16 up to 256, run on the tile of flash_mma_tile_dim (columns past D and Dv are
+// zeros). The other calls keep the mma.sync / SIMT backwards.
 constexpr bool flash_bwd_hopper_head_dims_supported(int64_t head_dim, int64_t head_dim_v) {
   return mma_tile_head_dims_supported(head_dim, head_dim_v) &&
-         mma_tile_dim(head_dim, head_dim_v) <= 128;
+         mma_tile_dim(head_dim, head_dim_v) <= 256;
 }
 
 // Head dims of the mma.sync backward (flash_attention_bwd_mma.cuh), which takes the fp16/bf16

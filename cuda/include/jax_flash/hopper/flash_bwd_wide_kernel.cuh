@@ -1,0 +1,373 @@
+// Hopper (sm_90a) attention backward for fp16 / bf16 on the 256-wide tile (head dims past 128,
+// D != Dv too: Q / K columns past D and V / dO columns past Dv arrive as zeros from TMA, add
+// nothing, and the dK, dV, dQ columns past them are never stored). Tiles and shared memory:
+// bwd_wide_tile_config.cuh (HopperBwdWideTraits).
+//
+// Grid: (key blocks of kBlockN = 64 keys over all sequences, kv heads), as the 128-wide kernel
+// (flash_bwd_kernel.cuh), whose visit order (flash_bwd_visit), deterministic turns, preprocessing
+// (Delta, lse in log2 units) and dQ conversion (run_flash_bwd_accumulated) this kernel shares.
+// Per visit (query head h, query block m of 64 rows), both warpgroups:
+//     S = Q K^T, dP = dO V^T            wgmma ss m64n32: the 64 queries x this warpgroup's 32 keys
+//     P = exp2(S * scale * log2 e - lse * log2 e), masked; dS = P (dP - Delta)
+//           (times 1 - tanh^2 under a soft cap), each row's lse / Delta read once
+//     P and dS as 16-bit [query][key] tiles in shared memory (two buffers, alternating by visit),
+//     then a 256-thread barrier: every GEMM below takes all 64 keys
+//     dQ = dS K (this warpgroup's 128 columns, two m64n64 GEMMs; A = dS K-major, B = K MN-major)
+//     dV += P^T dO, dK += dS^T Q (m64n128, A = the tiles read MN-major: M = keys, K = queries;
+//           B = dO / Q MN-major, this warpgroup's two 64-column panels)
+//     dQ's 64 columns pairs added to the float32 accumulator by per-thread atomics while dV / dK
+//     run (deterministic mode: each warp first waits for the visit's turn, which the CTA passes on
+//     after the next visit's tile barrier).
+// dK / dV stay in registers across all visits; the epilogue scales dK and writes both for the
+// block's keys. Rows past a length as in the 128-wide kernel: Q / dO rows past the query length
+// and K / V rows past the key length are zeroed in shared memory, their lse is +inf and their
+// Delta 0, keys past the key length are masked.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "jax_flash/flash_attention_bwd_common.cuh"
+#include "jax_flash/flash_attention_bwd_mma.cuh"
+#include "jax_flash/flash_bwd_params.h"
+#include "jax_flash/hopper/bwd_wide_tile_config.cuh"
+#include "jax_flash/hopper/flash_bwd_kernel.cuh"  // zero_tile_rows
+#include "jax_flash/hopper/ptx.cuh"
+#include "jax_flash/hopper/wgmma.cuh"
+#include "jax_flash/mma_sync.cuh"
+#include "jax_flash/softmax.cuh"
+
+namespace jax_flash::hopper {
+
+template <typename T, class Tr, bool kSoftcap, bool kDeterministic, bool kPadded>
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    flash_bwd_hopper_wide_kernel(const __grid_constant__ FlashBwdParams p,
+                                 const FlashBwdWorkspace ws,
+                                 const __grid_constant__ CUtensorMap tm_q,
+                                 const __grid_constant__ CUtensorMap tm_k,
+                                 const __grid_constant__ CUtensorMap tm_v,
+                                 const __grid_constant__ CUtensorMap tm_do,
+                                 const __grid_constant__ CUtensorMap tm_rows) {
+#if defined(JAX_FLASH_SM90A)
+  using mma_detail::fast_exp2;
+  using mma_detail::pack2;
+  using mma_detail::st_shared_b32;
+  constexpr int BM = Tr::kBlockM;
+  constexpr int BN = Tr::kBlockN;
+  constexpr int S = Tr::kStages;
+  constexpr int NK = Tr::kKeysPerWarpgroup;  // 32
+  constexpr int NC = Tr::kColsPerWarpgroup;  // 128
+  const FlashParams& f = p.fwd;
+  // Columns of dQ / dK and of dV that are stored, and their head strides.
+  const int dk_cols = kPadded ? f.head_dim : Tr::kHeadDim;
+  const int dv_cols = kPadded ? f.head_dim_v : Tr::kHeadDim;
+
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  uint8_t* base_ptr = smem_raw + (base - raw);
+  const uint32_t sK = base + Tr::kOffK;
+  const uint32_t sV = base + Tr::kOffV;
+  const uint32_t sQ = base + Tr::kOffQ;
+  const uint32_t sdO = base + Tr::kOffDo;
+  const uint32_t sP = base + Tr::kOffP;
+  const uint32_t sdS = base + Tr::kOffDs;
+  // [S][kRowsStage]: per stage Delta, then lse in log2 units (kRowsBox entries each, from the
+  // 16-byte aligned row at or before the visit's first).
+  float* s_rows = reinterpret_cast<float*>(base_ptr + Tr::kOffRows);
+  const uint32_t bars = base + Tr::kOffBars;
+  const uint32_t kv_full = bars;
+  auto q_full = [&](int s) { return bars + 8 + 8 * s; };
+
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int cw = warp >> 2;  // warpgroup: keys 32 cw .. + 31 of S / dP, columns 128 cw .. + 127
+  const int g = lane >> 2;   // accumulator row (and +8) within the warp's 16
+  const int t = lane & 3;    // accumulator column pair
+
+  const int kv_head = blockIdx.y;
+  FlashBwdVisits v;
+  // False past the last key tile, or when no query tile sees its keys (dk, dv then stay the
+  // launcher's zeros).
+  if (!flash_bwd_find_visits(f, BN, BM, blockIdx.x, &v)) return;
+  const SeqExtent& e = v.kt.ext;
+  auto visit = [&](int it, int* h, int* m) { flash_bwd_visit(v, kv_head, it, h, m); };
+
+  if (tid == 0) {
+    mbar_init(kv_full, 1);
+    for (int s = 0; s < S; ++s) mbar_init(q_full(s), 1);
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  // The loads of visit `it` into stage it % S, all by TMA from one thread (as the 128-wide
+  // kernel's): Q and dO tiles, and the visit's lse / Delta rows in one box.
+  auto issue_loads = [&](int it) {
+    const int st = it % S;
+    int h, m;
+    visit(it, &h, &m);
+    const int m0 = m * BM;
+    mbar_arrive_expect_tx(q_full(st), 2 * Tr::kSmemQ + 2 * Tr::kRowsBox * 4);
+#pragma unroll
+    for (int c = 0; c < Tr::kPanels; ++c) {
+      tma_load_3d(sQ + st * Tr::kSmemQ + c * Tr::kPanelQ, &tm_q, q_full(st), c * 64, h,
+                  e.q_start + m0);
+      tma_load_3d(sdO + st * Tr::kSmemQ + c * Tr::kPanelQ, &tm_do, q_full(st), c * 64, h,
+                  e.q_start + m0);
+    }
+    tma_load_3d(smem_u32(s_rows + st * Tr::kRowsStage), &tm_rows, q_full(st),
+                (e.q_start + m0) & ~3, h, 0);
+  };
+  if (tid == 0) {
+    tma_prefetch_desc(&tm_q);
+    tma_prefetch_desc(&tm_k);
+    tma_prefetch_desc(&tm_v);
+    tma_prefetch_desc(&tm_do);
+    tma_prefetch_desc(&tm_rows);
+    mbar_arrive_expect_tx(kv_full, 2 * Tr::kSmemKV);
+#pragma unroll
+    for (int c = 0; c < Tr::kPanels; ++c) {
+      tma_load_3d(sK + c * Tr::kPanelKV, &tm_k, kv_full, c * 64, kv_head, e.k_start + v.n0);
+      tma_load_3d(sV + c * Tr::kPanelKV, &tm_v, kv_full, c * 64, kv_head, e.k_start + v.n0);
+    }
+    for (int it = 0; it < S - 1 && it < v.items; ++it) issue_loads(it);
+  }
+
+  const ScoreScale score = score_scale<kSoftcap>(f);
+  const float scale_log2 = score.scale_log2, softcap_in = score.softcap_in;
+  int d_min, d_max;
+  flash_diag_band(f, v.q_len, v.k_len, &d_min, &d_max);
+
+  mbar_wait(kv_full, 0);
+  if (v.n0 + BN > v.k_len) {
+    zero_tile_rows(sK, Tr::kPanels, Tr::kPanelKV, BN, v.k_len - v.n0, tid);
+    zero_tile_rows(sV, Tr::kPanels, Tr::kPanelKV, BN, v.k_len - v.n0, tid);
+    fence_proxy_async();
+    named_sync(1, 256);
+  }
+
+  // dK / dV of all 64 keys, this warpgroup's 128 columns: element i is key row
+  // 16 (warp % 4) + g + 8 (i / 2 % 2), column 128 cw + 8 (i / 4) + 2 t + i % 2.
+  float acc_dk[NC / 2], acc_dv[NC / 2];
+#pragma unroll
+  for (int i = 0; i < NC / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
+
+  // This thread's two query rows of S / dP / dQ in the visit's block, and its keys' base column.
+  const int r0 = 16 * (warp & 3) + g;
+  const int key0 = NK * cw + 2 * t;
+  // Deterministic mode: the last visit's dQ turn, passed on after this visit's tile barrier (by
+  // then every thread's atomics of the last visit are issued).
+  int32_t* pending_turn = nullptr;
+  for (int it = 0; it < v.items; ++it) {
+    const int stage = it % S;
+    const int phase = (it / S) & 1;
+    int h, m;
+    visit(it, &h, &m);
+    const int m0 = m * BM;
+    const int rows = min(BM, v.q_len - m0);
+    const uint32_t q_st = sQ + stage * Tr::kSmemQ;
+    const uint32_t do_st = sdO + stage * Tr::kSmemQ;
+    const uint32_t p_buf = sP + (it & 1) * Tr::kSmemPs;
+    const uint32_t ds_buf = sdS + (it & 1) * Tr::kSmemPs;
+    float* delta_st = s_rows + stage * Tr::kRowsStage + ((e.q_start + m0) & 3);
+    float* lse_st = delta_st + Tr::kRowsBox;
+
+    mbar_wait(q_full(stage), phase);
+    if (rows < BM) {
+      zero_tile_rows(q_st, Tr::kPanels, Tr::kPanelQ, BM, rows, tid);
+      zero_tile_rows(do_st, Tr::kPanels, Tr::kPanelQ, BM, rows, tid);
+      for (int r = rows + tid; r < BM; r += 256) {
+        lse_st[r] = INFINITY;
+        delta_st[r] = 0.f;
+      }
+      fence_proxy_async();
+      named_sync(1, 256);
+    }
+
+    // S = Q K^T and dP = dO V^T: 64 queries x keys 32 cw .. 32 cw + 31 (rows 32 cw of K / V:
+    // a 4096-byte offset, whole swizzle atoms).
+    float s[NK / 2], dp[NK / 2];
+    reg_fence(s);
+    reg_fence(dp);
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < Tr::kHeadDim / 16; ++k) {
+      const uint32_t qoff = (k / 4) * Tr::kPanelQ + (k % 4) * 32;  // k16 step in a panel
+      const uint32_t koff = (k / 4) * Tr::kPanelKV + NK * cw * 128 + (k % 4) * 32;
+      Wgmma<T, NK>::ss(s, smem_desc_sw128(q_st + qoff, 16, 1024),
+                       smem_desc_sw128(sK + koff, 16, 1024), k > 0);
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int k = 0; k < Tr::kHeadDim / 16; ++k) {
+      const uint32_t qoff = (k / 4) * Tr::kPanelQ + (k % 4) * 32;
+      const uint32_t koff = (k / 4) * Tr::kPanelKV + NK * cw * 128 + (k % 4) * 32;
+      Wgmma<T, NK>::ss(dp, smem_desc_sw128(do_st + qoff, 16, 1024),
+                       smem_desc_sw128(sV + koff, 16, 1024), k > 0);
+    }
+    wgmma_commit();
+
+    // P and dS. Element i of s / dp: query row r0 + 8 (i / 2 % 2), key key0 + 8 (i / 4) + i % 2.
+    int lo, hi;
+    flash_tile_keys(f, m0, rows, v.q_len, v.k_len, &lo, &hi);
+    int lo_last, hi_first, unused;
+    visible_keys(f, m0 + rows - 1, v.q_len, v.k_len, &lo_last, &unused);
+    visible_keys(f, m0, v.q_len, v.k_len, &unused, &hi_first);
+    const bool need_mask = v.n0 < lo_last || v.n0 + BN > hi_first;
+    const float lse_r[2] = {lse_st[r0], lse_st[r0 + 8]};
+    const float delta_r[2] = {delta_st[r0], delta_st[r0 + 8]};
+    auto weight = [&](int i, float x) {
+      const int hf = (i / 2) % 2;
+      float pv = fast_exp2(fmaf(x, scale_log2, -lse_r[hf]));
+      if (need_mask) {
+        const int kj = v.n0 + key0 + 8 * (i / 4) + i % 2;
+        const int dj = kj - (m0 + r0 + 8 * hf);
+        if (kj >= v.k_len || dj < d_min || dj > d_max) pv = 0.f;
+      }
+      return pv;
+    };
+    if constexpr (kSoftcap) {
+      wgmma_wait<0>();
+      reg_fence(s);
+      reg_fence(dp);
+#pragma unroll
+      for (int i = 0; i < NK / 2; ++i) {
+        const float x = softcap_tanh(s[i] * softcap_in);
+        const float pv = weight(i, x);
+        s[i] = pv;
+        dp[i] = pv * (dp[i] - delta_r[(i / 2) % 2]) * (1.f - x * x);
+      }
+    } else {
+      wgmma_wait<1>();  // P under the dP GEMM
+      reg_fence(s);
+#pragma unroll
+      for (int i = 0; i < NK / 2; ++i) s[i] = weight(i, s[i]);
+      wgmma_wait<0>();
+      reg_fence(dp);
+#pragma unroll
+      for (int i = 0; i < NK / 2; ++i) dp[i] = s[i] * (dp[i] - delta_r[(i / 2) % 2]);
+    }
+
+    // P and dS to their [query][key] tiles: query row r, keys key0 + 8j, +1 (16-byte chunk
+    // 4 cw + j of the 128-byte row, swizzled by r % 8 = g: a warp's eight rows hit eight
+    // different chunks, conflict-free).
+#pragma unroll
+    for (int j = 0; j < NK / 8; ++j) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int r = r0 + 8 * hf;
+        const uint32_t off = r * 128 + (((4 * cw + j) ^ g) << 4) + 4 * t;
+        st_shared_b32(p_buf + off, pack2<T>(s[4 * j + 2 * hf], s[4 * j + 2 * hf + 1]));
+        st_shared_b32(ds_buf + off, pack2<T>(dp[4 * j + 2 * hf], dp[4 * j + 2 * hf + 1]));
+      }
+    }
+    fence_proxy_async();
+    named_sync(1, 256);  // both warpgroups' halves of P and dS stored; both past visit it - 1
+    if constexpr (kDeterministic) {
+      if (tid == 0) flash_bwd_pass_dq_turn(pending_turn);
+      pending_turn = nullptr;
+    }
+    // Every thread is past visit it - 1: its stage takes the loads of visit it + S - 1.
+    if (tid == 0 && it + S - 1 < v.items) issue_loads(it + S - 1);
+
+    // dQ (unscaled) = dS K for columns 128 cw + 64 c .. + 63, c = 0, 1: A = dS K-major (m =
+    // queries, k = keys: 32 bytes a k16 step), B = K MN-major (k = keys, n = 64 columns).
+    float dq0[32], dq1[32];
+    reg_fence(dq0);
+    reg_fence(dq1);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      const uint64_t a = smem_desc_sw128(ds_buf + kk * 32, 16, 1024);
+      Wgmma<T, 64>::template ss<0, 1>(
+          dq0, a,
+          smem_desc_sw128(sK + (2 * cw) * Tr::kPanelKV + kk * 16 * 128, Tr::kPanelKV, 1024),
+          kk > 0);
+      Wgmma<T, 64>::template ss<0, 1>(
+          dq1, a,
+          smem_desc_sw128(sK + (2 * cw + 1) * Tr::kPanelKV + kk * 16 * 128, Tr::kPanelKV, 1024),
+          kk > 0);
+    }
+    wgmma_commit();
+    // dV += P^T dO and dK += dS^T Q: A = the P / dS tile read MN-major (m = the 64 keys, k =
+    // queries: 16 rows a k16 step), B = dO / Q MN-major (k = queries, n = this warpgroup's 128
+    // columns: panels 2 cw, 2 cw + 1).
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) {
+      const uint32_t tile_off = kk * 16 * 128;
+      const uint32_t col_off = (2 * cw) * Tr::kPanelQ + kk * 16 * 128;
+      Wgmma<T, NC>::template ss<1, 1>(acc_dv, smem_desc_sw128(p_buf + tile_off, Tr::kSmemPs, 1024),
+                                      smem_desc_sw128(do_st + col_off, Tr::kPanelQ, 1024), 1);
+      Wgmma<T, NC>::template ss<1, 1>(acc_dk,
+                                      smem_desc_sw128(ds_buf + tile_off, Tr::kSmemPs, 1024),
+                                      smem_desc_sw128(q_st + col_off, Tr::kPanelQ, 1024), 1);
+    }
+    wgmma_commit();
+
+    // dQ's pairs to the accumulator while dV / dK run (deterministic: once this warp has seen
+    // the visit's turn: the key blocks before this one have added their shares; lo / BN is the
+    // first that visits the query block).
+    wgmma_wait<1>();
+    reg_fence(dq0);
+    reg_fence(dq1);
+    if constexpr (kDeterministic) {
+      pending_turn = flash_bwd_take_dq_turn(ws, v.kt, h, m, lo, BN, lane == 0);
+      __syncwarp();
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = r0 + 8 * hf;
+      if (r < rows) {
+        float* dst = ws.dq_accum +
+                     ((static_cast<int64_t>(e.q_start) + m0 + r) * f.num_heads + h) * dk_cols +
+                     NC * cw + 2 * t;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          if (!kPadded || NC * cw + 8 * j < dk_cols)
+            mma_bwd::add_f32x2(dst + 8 * j, dq0[4 * j + 2 * hf], dq0[4 * j + 2 * hf + 1]);
+          if (!kPadded || NC * cw + 64 + 8 * j < dk_cols)
+            mma_bwd::add_f32x2(dst + 64 + 8 * j, dq1[4 * j + 2 * hf], dq1[4 * j + 2 * hf + 1]);
+        }
+      }
+    }
+    // dV / dK done before the next visit's tiles are written and its stage reloaded.
+    wgmma_wait<0>();
+    reg_fence(acc_dk);
+    reg_fence(acc_dv);
+  }
+  if constexpr (kDeterministic) {
+    __syncthreads();  // every thread's atomics of the last visit issued
+    if (tid == 0) flash_bwd_pass_dq_turn(pending_turn);
+  }
+
+  // Epilogue: dK (scaled) and dV of all 64 keys, this warpgroup's columns, straight from the
+  // fragments.
+  T* dk = static_cast<T*>(p.dk) + static_cast<int64_t>(kv_head) * dk_cols + NC * cw + 2 * t;
+  T* dv = static_cast<T*>(p.dv) + static_cast<int64_t>(kv_head) * dv_cols + NC * cw + 2 * t;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int r = r0 + 8 * hf;
+    if (v.n0 + r < v.k_len) {
+      const int64_t row = static_cast<int64_t>(e.k_start) + v.n0 + r;
+#pragma unroll
+      for (int j = 0; j < NC / 8; ++j) {
+        if (!kPadded || NC * cw + 8 * j < dk_cols)
+          *reinterpret_cast<uint32_t*>(dk + row * p.dk_row_stride + 8 * j) =
+              pack2<T>(acc_dk[4 * j + 2 * hf] * f.softmax_scale,
+                       acc_dk[4 * j + 2 * hf + 1] * f.softmax_scale);
+        if (!kPadded || NC * cw + 8 * j < dv_cols)
+          *reinterpret_cast<uint32_t*>(dv + row * p.dv_row_stride + 8 * j) =
+              pack2<T>(acc_dv[4 * j + 2 * hf], acc_dv[4 * j + 2 * hf + 1]);
+      }
+    }
+  }
+#endif  // JAX_FLASH_SM90A
+}
+
+}  // namespace jax_flash::hopper
