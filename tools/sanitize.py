@@ -119,6 +119,7 @@ def _driver(quick: bool, platform: str, ops: tuple[str, ...] = OPS) -> int:
         (f16, 1, 2048, 2001, 4, 1, 96, 96, dict(causal=True)),
         (f16, 2, 45, 130, 4, 1, 64, 64, dict(logits_soft_cap=20.0, causal=True)),
         (bf16, 1, 17, 17, 2, 2, 256, 256, dict(sliding_window=(4, 0))),
+        (bf16, 1, 70, 90, 4, 2, 192, 128, dict(causal=True)),  # 256 tile, padded columns
         (f16, 2, 29, 61, 3, 1, 96, 96, dict()),  # a head dim without tensor-core tiles
         (bf16, 1, 40, 40, 2, 1, 64, 128, dict(causal=True)),  # Dv != D
         (f32, 3, 1, 300, 8, 2, 128, 128, dict()),

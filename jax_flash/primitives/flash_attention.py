@@ -44,10 +44,9 @@ class FlashBwdLaunch:
 
     hopper_kernel: on a compute capability 9.0 device, "hopper" runs the wgmma backwards
     (hopper/flash_bwd_kernel.cuh, and hopper/flash_bwd_wide_kernel.cuh past head dim 128) on
-    the calls they take, "mma" keeps them on the mma.sync
-    backward (the SIMT backward for the head dims that one does not take: all but 64, 128 and
-    the multiples of 16 in (128, 256] with D == Dv),
-    to time both kernels in one build or to avoid the newer one.
+    the calls they take, "mma" keeps them on the mma.sync backward (the SIMT backward for the
+    head dims that one does not take: all but 64, 128 and the multiples of 16 in (128, 256]
+    with D == Dv), to time both kernels in one build or to avoid the newer one.
     strict: with "hopper", a call the Hopper kernel takes but whose TMA descriptors the driver
     rejects fails (an error naming it) instead of running the mma.sync backward, so that tests
     and timings of the Hopper kernel cannot measure the other one unawares."""

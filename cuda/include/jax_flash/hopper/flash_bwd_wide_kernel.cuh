@@ -270,7 +270,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     fence_proxy_async();
     named_sync(1, 256);  // both warpgroups' halves of P and dS stored; both past visit it - 1
     if constexpr (kDeterministic) {
-      if (tid == 0) flash_bwd_pass_dq_turn(pending_turn);
+      if (tid == 0) flash_bwd_pass_dq_turn_release(pending_turn);
       pending_turn = nullptr;
     }
     // Every thread is past visit it - 1: its stage takes the loads of visit it + S - 1.
@@ -343,7 +343,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
   if constexpr (kDeterministic) {
     __syncthreads();  // every thread's atomics of the last visit issued
-    if (tid == 0) flash_bwd_pass_dq_turn(pending_turn);
+    if (tid == 0) flash_bwd_pass_dq_turn_release(pending_turn);
   }
 
   // Epilogue: dK (scaled) and dV of all 64 keys, this warpgroup's columns, straight from the
