@@ -44,62 +44,89 @@ inline bool flash_attention_bwd_hopper_supported(const FlashBwdParams& p) {
 
 namespace hopper {
 
-template <typename T, class Tr, bool kSoftcap, bool kDeterministic, bool kPadded>
-cudaError_t launch_flash_bwd_hopper(const FlashBwdParams& p, const FlashBwdWorkspace& ws,
-                                    const CUtensorMap& tm_q, const CUtensorMap& tm_k,
-                                    const CUtensorMap& tm_v, const CUtensorMap& tm_do,
-                                    const CUtensorMap& tm_dq, const CUtensorMap& tm_rows,
-                                    cudaStream_t stream) {
-  // grid.x: the key blocks of all sequences in order (lowest first: the deterministic mode's
-  // turn-order predecessors of a block are scheduled before it), grid.y: kv heads.
-  const int64_t tiles = tile_slots(p.fwd.total_k, p.fwd.batch, Tr::kBlockN);
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.fwd.num_heads_k));
-  return launch_with_smem<flash_bwd_hopper_kernel<T, Tr, kSoftcap, kDeterministic, kPadded>>(
-      grid, Tr::kThreads, Tr::kSmemBytes, stream, p, ws, tm_q, tm_k, tm_v, tm_do, tm_dq,
-      tm_rows);
+// The TMA descriptors both Hopper backward kernels read through: Q and dO in boxes of block_m
+// rows, K and V of block_n rows (64 columns a box), and the workspace's lse (log2 units) and
+// Delta rows ([2][num_heads][row_stride], Delta first) in boxes of rows_box entries of one head.
+// False when the driver rejects one.
+struct BwdInputMaps {
+  CUtensorMap q, k, v, dout, rows;
+};
+inline bool make_bwd_input_maps(const FlashBwdParams& p, const FlashBwdWorkspace& ws_at,
+                                int block_m, int block_n, int rows_box, BwdInputMaps* m) {
+  const FlashParams& f = p.fwd;
+  return make_tensor_map(&m->q, f.q, f.dtype, f.head_dim, f.num_heads, f.total_q,
+                         f.q_row_stride, block_m) &&
+         make_tensor_map(&m->dout, p.dout, f.dtype, f.head_dim_v, f.num_heads, f.total_q,
+                         p.dout_row_stride, block_m) &&
+         make_tensor_map(&m->k, f.k, f.dtype, f.head_dim, f.num_heads_k, f.total_k,
+                         f.k_row_stride, block_n) &&
+         make_tensor_map(&m->v, f.v, f.dtype, f.head_dim_v, f.num_heads_k, f.total_k,
+                         f.v_row_stride, block_n) &&
+         make_tensor_map_rows_f32(&m->rows, ws_at.delta, f.total_q, f.num_heads, 2,
+                                  ws_at.row_stride, rows_box);
 }
 
-// The 256-wide kernel (flash_bwd_wide_kernel.cuh): the same grid, over key blocks of its
-// kBlockN; no dQ tensor map (its dQ goes by atomics).
-template <typename T, bool kSoftcap, bool kDeterministic, bool kPadded>
-cudaError_t launch_flash_bwd_hopper_wide(const FlashBwdParams& p, const FlashBwdWorkspace& ws,
-                                         const CUtensorMap& tm_q, const CUtensorMap& tm_k,
-                                         const CUtensorMap& tm_v, const CUtensorMap& tm_do,
-                                         const CUtensorMap& tm_rows, cudaStream_t stream) {
-  using Tr = HopperBwdWideTraits;
-  const int64_t tiles = tile_slots(p.fwd.total_k, p.fwd.batch, Tr::kBlockN);
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.fwd.num_heads_k));
-  return launch_with_smem<flash_bwd_hopper_wide_kernel<T, Tr, kSoftcap, kDeterministic, kPadded>>(
-      grid, Tr::kThreads, Tr::kSmemBytes, stream, p, ws, tm_q, tm_k, tm_v, tm_do, tm_rows);
+// Both kernels' grid: x the key blocks of all sequences in order (lowest first: the
+// deterministic mode's turn-order predecessors of a block are scheduled before it), y kv heads.
+inline dim3 bwd_grid(const FlashBwdParams& p, int block_n) {
+  const int64_t tiles = tile_slots(p.fwd.total_k, p.fwd.batch, block_n);
+  return dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.fwd.num_heads_k));
 }
 
-// Backward on the 256-wide kernel (head dims past 128): as run_flash_attention_bwd_hopper.
+// Backward on the 64- or 128-wide kernel (flash_bwd_kernel.cuh), as
+// run_flash_attention_bwd_hopper.
+template <typename T, int kHeadDim>
+cudaError_t run_flash_bwd_hopper(const FlashBwdParams& p, cudaStream_t stream) {
+  using Tr = HopperBwdTraits<kHeadDim>;
+  static_assert(Tr::kBlockM == kBwdMmaBlockM, "the workspace is sized with kBwdMmaBlockM");
+  const FlashParams& f = p.fwd;
+  // Beside the inputs, the float32 dQ accumulator [total_q, num_heads, head_dim] of the
+  // workspace, which the kernel's reduce-adds target in boxes of 32 columns x kDqBoxRows rows
+  // (the call's mode's). All made before anything launches, so that a rejected one leaves the
+  // mma.sync backward a clean start.
+  const FlashBwdWorkspace ws_at = flash_bwd_workspace(p, Tr::kBlockM);
+  BwdInputMaps in;
+  CUtensorMap tm_dq;
+  if (!make_bwd_input_maps(p, ws_at, Tr::kBlockM, Tr::kBlockN, Tr::kRowsBox, &in) ||
+      !make_tensor_map_3d(&tm_dq, ws_at.dq_accum, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4,
+                          f.head_dim, f.num_heads, f.total_q,
+                          static_cast<int64_t>(f.num_heads) * f.head_dim, 32,
+                          p.deterministic ? Tr::template kDqBoxRows<true>
+                                          : Tr::template kDqBoxRows<false>))
+    return cudaErrorNotSupported;
+  const bool padded = f.head_dim != kHeadDim || f.head_dim_v != kHeadDim;
+  return run_flash_bwd_accumulated<T>(
+      p, Tr::kBlockM, stream, [&](const FlashBwdWorkspace& ws, auto softcap, auto deterministic) {
+        return dispatch_bool(padded, [&](auto padded_c) {
+          return launch_with_smem<
+              flash_bwd_hopper_kernel<T, Tr, decltype(softcap)::value,
+                                      decltype(deterministic)::value, decltype(padded_c)::value>>(
+              bwd_grid(p, Tr::kBlockN), Tr::kThreads, Tr::kSmemBytes, stream, p, ws, in.q, in.k,
+              in.v, in.dout, tm_dq, in.rows);
+        });
+      });
+}
+
+// Backward on the 256-wide kernel (flash_bwd_wide_kernel.cuh; head dims past 128), as
+// run_flash_attention_bwd_hopper. No dQ descriptor: its dQ goes by atomics.
 template <typename T>
-cudaError_t run_flash_attention_bwd_hopper_wide(const FlashBwdParams& p, cudaStream_t stream) {
+cudaError_t run_flash_bwd_hopper_wide(const FlashBwdParams& p, cudaStream_t stream) {
   using Tr = HopperBwdWideTraits;
   static_assert(Tr::kBlockM == kBwdMmaBlockM, "the workspace is sized with kBwdMmaBlockM");
   const FlashParams& f = p.fwd;
-  CUtensorMap tm_q, tm_k, tm_v, tm_do, tm_rows;
   const FlashBwdWorkspace ws_at = flash_bwd_workspace(p, Tr::kBlockM);
-  if (!make_tensor_map(&tm_q, f.q, f.dtype, f.head_dim, f.num_heads, f.total_q, f.q_row_stride,
-                       Tr::kBlockM) ||
-      !make_tensor_map(&tm_do, p.dout, f.dtype, f.head_dim_v, f.num_heads, f.total_q,
-                       p.dout_row_stride, Tr::kBlockM) ||
-      !make_tensor_map(&tm_k, f.k, f.dtype, f.head_dim, f.num_heads_k, f.total_k,
-                       f.k_row_stride, Tr::kBlockN) ||
-      !make_tensor_map(&tm_v, f.v, f.dtype, f.head_dim_v, f.num_heads_k, f.total_k,
-                       f.v_row_stride, Tr::kBlockN) ||
-      !make_tensor_map_rows_f32(&tm_rows, ws_at.delta, f.total_q, f.num_heads, 2,
-                                ws_at.row_stride, Tr::kRowsBox))
+  BwdInputMaps in;
+  if (!make_bwd_input_maps(p, ws_at, Tr::kBlockM, Tr::kBlockN, Tr::kRowsBox, &in))
     return cudaErrorNotSupported;
   const bool padded = f.head_dim != Tr::kHeadDim || f.head_dim_v != Tr::kHeadDim;
   return run_flash_bwd_accumulated<T>(
       p, Tr::kBlockM, stream, [&](const FlashBwdWorkspace& ws, auto softcap, auto deterministic) {
         return dispatch_bool(padded, [&](auto padded_c) {
-          return launch_flash_bwd_hopper_wide<T, decltype(softcap)::value,
-                                              decltype(deterministic)::value,
-                                              decltype(padded_c)::value>(
-              p, ws, tm_q, tm_k, tm_v, tm_do, tm_rows, stream);
+          return launch_with_smem<flash_bwd_hopper_wide_kernel<
+              T, Tr, decltype(softcap)::value, decltype(deterministic)::value,
+              decltype(padded_c)::value>>(bwd_grid(p, Tr::kBlockN), Tr::kThreads,
+                                          Tr::kSmemBytes, stream, p, ws, in.q, in.k, in.v,
+                                          in.dout, in.rows);
         });
       });
 }
@@ -118,49 +145,15 @@ template <typename T, int kHeadDim>
 cudaError_t run_flash_attention_bwd_hopper(const FlashBwdParams& p, cudaStream_t stream) {
   static_assert(kIsHalfOrBFloat16<T>, "float16 or bfloat16");
   if constexpr (kHeadDim == 256) {
-    return hopper::run_flash_attention_bwd_hopper_wide<T>(p, stream);
+    return hopper::run_flash_bwd_hopper_wide<T>(p, stream);
   } else {
-  using Tr = hopper::HopperBwdTraits<kHeadDim>;
-  static_assert(Tr::kBlockM == kBwdMmaBlockM, "the workspace is sized with kBwdMmaBlockM");
-  const FlashParams& f = p.fwd;
-  CUtensorMap tm_q, tm_k, tm_v, tm_do, tm_dq, tm_rows;
-  // The float32 dQ accumulator [total_q, num_heads, head_dim] of the workspace, which the
-  // kernel's reduce-adds target in boxes of 32 columns x kDqBoxRows rows (the call's mode's);
-  // lse (log2 units) and Delta ([2][num_heads][row_stride], Delta first), read in boxes of
-  // kRowsBox entries of one head in both. All made before anything launches, so that a rejected
-  // one leaves the mma.sync backward a clean start.
-  const FlashBwdWorkspace ws_at = flash_bwd_workspace(p, Tr::kBlockM);
-  if (!hopper::make_tensor_map(&tm_q, f.q, f.dtype, f.head_dim, f.num_heads, f.total_q,
-                               f.q_row_stride, Tr::kBlockM) ||
-      !hopper::make_tensor_map(&tm_do, p.dout, f.dtype, f.head_dim_v, f.num_heads, f.total_q,
-                               p.dout_row_stride, Tr::kBlockM) ||
-      !hopper::make_tensor_map(&tm_k, f.k, f.dtype, f.head_dim, f.num_heads_k, f.total_k,
-                               f.k_row_stride, Tr::kBlockN) ||
-      !hopper::make_tensor_map(&tm_v, f.v, f.dtype, f.head_dim_v, f.num_heads_k, f.total_k,
-                               f.v_row_stride, Tr::kBlockN) ||
-      !hopper::make_tensor_map_3d(&tm_dq, ws_at.dq_accum, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4,
-                                  f.head_dim, f.num_heads, f.total_q,
-                                  static_cast<int64_t>(f.num_heads) * f.head_dim, 32,
-                                  p.deterministic ? Tr::template kDqBoxRows<true>
-                                                  : Tr::template kDqBoxRows<false>) ||
-      !hopper::make_tensor_map_rows_f32(&tm_rows, ws_at.delta, f.total_q, f.num_heads, 2,
-                                        ws_at.row_stride, Tr::kRowsBox))
-    return cudaErrorNotSupported;
-  const bool padded = f.head_dim != kHeadDim || f.head_dim_v != kHeadDim;
-  return run_flash_bwd_accumulated<T>(
-      p, Tr::kBlockM, stream, [&](const FlashBwdWorkspace& ws, auto softcap, auto deterministic) {
-        return dispatch_bool(padded, [&](auto padded_c) {
-          return hopper::launch_flash_bwd_hopper<T, Tr, decltype(softcap)::value,
-                                                 decltype(deterministic)::value,
-                                                 decltype(padded_c)::value>(
-              p, ws, tm_q, tm_k, tm_v, tm_do, tm_dq, tm_rows, stream);
-        });
-      });
+    return hopper::run_flash_bwd_hopper<T, kHeadDim>(p, stream);
   }
 }
 
-// Instantiated in the files flash_attention_bwd_hopper_{f16,bf16}.cu that
-// cuda/src/instantiations.cmake generates.
+// Instantiated in the files flash_attention_bwd_hopper_{f16,bf16}.cu (64, 128) and
+// flash_attention_bwd_hopper_wide_{f16,bf16}.cu (256) that cuda/src/instantiations.cmake
+// generates.
 extern template cudaError_t run_flash_attention_bwd_hopper<__half, 64>(const FlashBwdParams&,
                                                                        cudaStream_t);
 extern template cudaError_t run_flash_attention_bwd_hopper<__half, 128>(const FlashBwdParams&,
