@@ -7,6 +7,7 @@ against the float32 reference.
 
     python tools/gpu/hopper_bwd_ab.py            # the shapes (bf16, 32/8 heads, 4 x 4k)
     python tools/gpu/hopper_bwd_ab.py --kernels hopper --long   # Hopper only, + 1 x 16k causal
+    python tools/gpu/hopper_bwd_ab.py --wide     # + head dim 256 (the 256-wide tile), 4 x 4k
 
 Per shape and kernel also the deterministic mode's cost against the fast mode and whether a
 second deterministic run is bit-identical to the first (it must be).
@@ -34,6 +35,12 @@ SHAPES = [  # batch, seqlen, heads_q, heads_kv, head_dim, causal
     (3, 999, 8, 2, 128, True),
 ]
 LONG = [(1, 16384, 32, 8, 128, True)]
+# The 256-wide tile (both kernels), and off the tiles against the reference.
+WIDE = [
+    (4, 4096, 32, 8, 256, True),
+    (4, 4096, 32, 8, 256, False),
+    (2, 777, 8, 2, 256, True),
+]
 KERNELS = {"hopper": "hopper", "mma.sync": "mma"}  # name -> FlashBwdLaunch kernel
 
 
@@ -55,9 +62,11 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kernels", nargs="+", choices=list(KERNELS), default=list(KERNELS))
     parser.add_argument("--long", action="store_true", help="also 1 x 16k causal")
+    parser.add_argument("--wide", action="store_true", help="also head dim 256")
     args = parser.parse_args(argv)
     print(jax.devices()[0].device_kind, flush=True)
-    for b, s, hq, hkv, d, causal in SHAPES + (LONG if args.long else []):
+    shapes = SHAPES + (LONG if args.long else []) + (WIDE if args.wide else [])
+    for b, s, hq, hkv, d, causal in shapes:
         keys = jax.random.split(jax.random.key(s + d), 4)
         q = jax.random.normal(keys[0], (b, s, hq, d), jnp.bfloat16)
         k = jax.random.normal(keys[1], (b, s, hkv, d), jnp.bfloat16)
