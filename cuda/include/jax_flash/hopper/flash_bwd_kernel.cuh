@@ -54,6 +54,7 @@
 #include "jax_flash/flash_attention_bwd_common.cuh"
 #include "jax_flash/flash_attention_bwd_mma.cuh"
 #include "jax_flash/flash_bwd_params.h"
+#include "jax_flash/hopper/bwd_loads.cuh"
 #include "jax_flash/hopper/bwd_tile_config.cuh"
 #include "jax_flash/hopper/ptx.cuh"
 #include "jax_flash/hopper/wgmma.cuh"
@@ -61,18 +62,6 @@
 #include "jax_flash/softmax.cuh"
 
 namespace jax_flash::hopper {
-
-// Zeroes rows [first_row, rows) of a tile of `panels` 64-column panels of `rows` 128-byte rows
-// (panel stride `panel_bytes`), the CTA's 256 threads together (ctid 0..255).
-__device__ __forceinline__ void zero_tile_rows(uint32_t tile, int panels, int panel_bytes,
-                                               int rows, int first_row, int ctid) {
-  for (int i = ctid; i < (rows - first_row) * panels * 8; i += 256) {
-    const int r = first_row + i / (panels * 8);
-    const int c = i % (panels * 8);
-    const uint32_t addr = tile + (c / 8) * panel_bytes + r * 128 + (c % 8) * 16;
-    asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0u) : "memory");
-  }
-}
 
 template <typename T, class Tr, bool kSoftcap, bool kDeterministic, bool kPadded>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
@@ -110,8 +99,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // 16-byte aligned row at or before the visit's first).
   float* s_rows = reinterpret_cast<float*>(base_ptr + Tr::kOffRows);
   const uint32_t bars = base + Tr::kOffBars;
-  const uint32_t kv_full = bars;
-  auto q_full = [&](int s) { return bars + 8 + 8 * s; };
 
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
@@ -128,50 +115,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     flash_bwd_visit(v, kv_head, it, h, m);
   };
 
-  if (tid == 0) {
-    mbar_init(kv_full, 1);
-    // A stage's loads: the TMA bytes, which the issuing thread's arrival expects.
-    for (int s = 0; s < S; ++s) mbar_init(q_full(s), 1);
-    mbar_fence_init();
-  }
+  // The TMA loads (thread 0; bwd_loads.cuh): K / V once, each visit's Q / dO tiles and lse /
+  // Delta rows S - 1 visits ahead. No thread waits here for a global load, so the loads stay
+  // off the warpgroups' barriers.
+  const BwdLoads<Tr> loads{sK, sV, sQ, sdO, s_rows, bars, &tm_q, &tm_k, &tm_v, &tm_do,
+                           &tm_rows, &v, kv_head};
+  if (tid == 0) loads.init_barriers();
   __syncthreads();
-
-  // The loads of visit `it` into stage it % S, all by TMA from one thread: Q and dO tiles, and
-  // the visit's rows of lse (log2 units, +inf where it is -inf: weights exp2(-inf) = 0; the
-  // workspace's lse_log2, written with Delta) and Delta, in one box from the 16-byte aligned
-  // row at or before the first. Rows past the sequence bring another sequence's values (or
-  // zeros past the tensors): the consumers overwrite them (below). No thread waits here for a
-  // global load, so the loads stay off the warpgroups' barriers.
-  auto issue_loads = [&](int it) {
-    const int st = it % S;
-    int h, m;
-    visit(it, &h, &m);
-    const int m0 = m * BM;
-    mbar_arrive_expect_tx(q_full(st), 2 * Tr::kSmemQ + 2 * Tr::kRowsBox * 4);
-#pragma unroll
-    for (int c = 0; c < Tr::kPanels; ++c) {
-      tma_load_3d(sQ + st * Tr::kSmemQ + c * Tr::kPanelQ, &tm_q, q_full(st), c * 64, h,
-                  e.q_start + m0);
-      tma_load_3d(sdO + st * Tr::kSmemQ + c * Tr::kPanelQ, &tm_do, q_full(st), c * 64, h,
-                  e.q_start + m0);
-    }
-    tma_load_3d(smem_u32(s_rows + st * Tr::kRowsStage), &tm_rows, q_full(st),
-                (e.q_start + m0) & ~3, h, 0);
-  };
-  if (tid == 0) {
-    tma_prefetch_desc(&tm_q);
-    tma_prefetch_desc(&tm_k);
-    tma_prefetch_desc(&tm_v);
-    tma_prefetch_desc(&tm_do);
-    tma_prefetch_desc(&tm_rows);
-    mbar_arrive_expect_tx(kv_full, 2 * Tr::kSmemKV);
-#pragma unroll
-    for (int c = 0; c < Tr::kPanels; ++c) {
-      tma_load_3d(sK + c * Tr::kPanelKV, &tm_k, kv_full, c * 64, kv_head, e.k_start + v.n0);
-      tma_load_3d(sV + c * Tr::kPanelKV, &tm_v, kv_full, c * 64, kv_head, e.k_start + v.n0);
-    }
-    for (int it = 0; it < S - 1 && it < v.items; ++it) issue_loads(it);
-  }
+  if (tid == 0) loads.issue_first();
 
   const int cw = wg;           // warpgroup: keys 64 cw .. 64 cw + 63 of the block
   constexpr bool kDqPerWarp = Tr::template kDqReducePerWarp<kDeterministic>;
@@ -188,13 +139,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   int d_min, d_max;
   flash_diag_band(f, v.q_len, v.k_len, &d_min, &d_max);
 
-  mbar_wait(kv_full, 0);
-  if (v.n0 + BN > v.k_len) {
-    zero_tile_rows(sK, Tr::kPanels, Tr::kPanelKV, BN, v.k_len - v.n0, ctid);
-    zero_tile_rows(sV, Tr::kPanels, Tr::kPanelKV, BN, v.k_len - v.n0, ctid);
-    fence_proxy_async();
-    named_sync(1, 256);
-  }
+  mbar_wait(loads.kv_full(), 0);
+  loads.zero_partial_kv(ctid);
 
   float acc_dk[D / 2], acc_dv[D / 2];
 #pragma unroll
@@ -222,18 +168,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     float* delta_st = s_rows + stage * Tr::kRowsStage + ((e.q_start + m0) & 3);
     float* lse_st = delta_st + Tr::kRowsBox;
 
-    mbar_wait(q_full(stage), phase);
-    if (rows < BM) {
-      zero_tile_rows(q_st, Tr::kPanels, Tr::kPanelQ, BM, rows, ctid);
-      zero_tile_rows(do_st, Tr::kPanels, Tr::kPanelQ, BM, rows, ctid);
-      // Rows past the sequence: weight 0 (lse +inf) and Delta 0, whatever the TMA brought.
-      for (int r = rows + ctid; r < BM; r += 256) {
-        lse_st[r] = INFINITY;
-        delta_st[r] = 0.f;
-      }
-      fence_proxy_async();
-      named_sync(1, 256);
-    }
+    mbar_wait(loads.q_full(stage), phase);
+    loads.zero_partial_visit(q_st, do_st, lse_st, delta_st, rows, ctid);
 
     // S^T = K Q^T and dP^T = V dO^T: this warpgroup's 64 keys x BM queries.
     float s[BM / 2], dp[BM / 2];
@@ -395,7 +331,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if constexpr (kDkAfterDq) issue_dkv(false, true);
     // Every thread is past visit it - 1: its stage takes the loads of visit it + S - 1 (issued
     // here, under the GEMMs in flight).
-    if (tid == 0 && it + S - 1 < v.items) issue_loads(it + S - 1);
+    if (tid == 0 && it + S - 1 < v.items) loads.issue_visit(it + S - 1);
     wgmma_wait<kDkAfterDq ? 1 : 0>();  // dV and dQ (and dK unless it runs under the staging)
     if constexpr (Tr::kOverlapDkv) {
       reg_fence(acc_dv);

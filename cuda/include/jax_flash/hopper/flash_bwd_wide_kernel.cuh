@@ -35,8 +35,8 @@
 #include "jax_flash/flash_attention_bwd_common.cuh"
 #include "jax_flash/flash_attention_bwd_mma.cuh"
 #include "jax_flash/flash_bwd_params.h"
+#include "jax_flash/hopper/bwd_loads.cuh"
 #include "jax_flash/hopper/bwd_wide_tile_config.cuh"
-#include "jax_flash/hopper/flash_bwd_kernel.cuh"  // zero_tile_rows
 #include "jax_flash/hopper/ptx.cuh"
 #include "jax_flash/hopper/wgmma.cuh"
 #include "jax_flash/mma_sync.cuh"
@@ -81,8 +81,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // 16-byte aligned row at or before the visit's first).
   float* s_rows = reinterpret_cast<float*>(base_ptr + Tr::kOffRows);
   const uint32_t bars = base + Tr::kOffBars;
-  const uint32_t kv_full = bars;
-  auto q_full = [&](int s) { return bars + 8 + 8 * s; };
 
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
@@ -99,58 +97,20 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const SeqExtent& e = v.kt.ext;
   auto visit = [&](int it, int* h, int* m) { flash_bwd_visit(v, kv_head, it, h, m); };
 
-  if (tid == 0) {
-    mbar_init(kv_full, 1);
-    for (int s = 0; s < S; ++s) mbar_init(q_full(s), 1);
-    mbar_fence_init();
-  }
+  // The TMA loads (thread 0), as the 128-wide kernel's (bwd_loads.cuh).
+  const BwdLoads<Tr> loads{sK, sV, sQ, sdO, s_rows, bars, &tm_q, &tm_k, &tm_v, &tm_do,
+                           &tm_rows, &v, kv_head};
+  if (tid == 0) loads.init_barriers();
   __syncthreads();
-
-  // The loads of visit `it` into stage it % S, all by TMA from one thread (as the 128-wide
-  // kernel's): Q and dO tiles, and the visit's lse / Delta rows in one box.
-  auto issue_loads = [&](int it) {
-    const int st = it % S;
-    int h, m;
-    visit(it, &h, &m);
-    const int m0 = m * BM;
-    mbar_arrive_expect_tx(q_full(st), 2 * Tr::kSmemQ + 2 * Tr::kRowsBox * 4);
-#pragma unroll
-    for (int c = 0; c < Tr::kPanels; ++c) {
-      tma_load_3d(sQ + st * Tr::kSmemQ + c * Tr::kPanelQ, &tm_q, q_full(st), c * 64, h,
-                  e.q_start + m0);
-      tma_load_3d(sdO + st * Tr::kSmemQ + c * Tr::kPanelQ, &tm_do, q_full(st), c * 64, h,
-                  e.q_start + m0);
-    }
-    tma_load_3d(smem_u32(s_rows + st * Tr::kRowsStage), &tm_rows, q_full(st),
-                (e.q_start + m0) & ~3, h, 0);
-  };
-  if (tid == 0) {
-    tma_prefetch_desc(&tm_q);
-    tma_prefetch_desc(&tm_k);
-    tma_prefetch_desc(&tm_v);
-    tma_prefetch_desc(&tm_do);
-    tma_prefetch_desc(&tm_rows);
-    mbar_arrive_expect_tx(kv_full, 2 * Tr::kSmemKV);
-#pragma unroll
-    for (int c = 0; c < Tr::kPanels; ++c) {
-      tma_load_3d(sK + c * Tr::kPanelKV, &tm_k, kv_full, c * 64, kv_head, e.k_start + v.n0);
-      tma_load_3d(sV + c * Tr::kPanelKV, &tm_v, kv_full, c * 64, kv_head, e.k_start + v.n0);
-    }
-    for (int it = 0; it < S - 1 && it < v.items; ++it) issue_loads(it);
-  }
+  if (tid == 0) loads.issue_first();
 
   const ScoreScale score = score_scale<kSoftcap>(f);
   const float scale_log2 = score.scale_log2, softcap_in = score.softcap_in;
   int d_min, d_max;
   flash_diag_band(f, v.q_len, v.k_len, &d_min, &d_max);
 
-  mbar_wait(kv_full, 0);
-  if (v.n0 + BN > v.k_len) {
-    zero_tile_rows(sK, Tr::kPanels, Tr::kPanelKV, BN, v.k_len - v.n0, tid);
-    zero_tile_rows(sV, Tr::kPanels, Tr::kPanelKV, BN, v.k_len - v.n0, tid);
-    fence_proxy_async();
-    named_sync(1, 256);
-  }
+  mbar_wait(loads.kv_full(), 0);
+  loads.zero_partial_kv(tid);
 
   // dK / dV of all 64 keys, this warpgroup's 128 columns: element i is key row
   // 16 (warp % 4) + g + 8 (i / 2 % 2), column 128 cw + 8 (i / 4) + 2 t + i % 2.
@@ -178,17 +138,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     float* delta_st = s_rows + stage * Tr::kRowsStage + ((e.q_start + m0) & 3);
     float* lse_st = delta_st + Tr::kRowsBox;
 
-    mbar_wait(q_full(stage), phase);
-    if (rows < BM) {
-      zero_tile_rows(q_st, Tr::kPanels, Tr::kPanelQ, BM, rows, tid);
-      zero_tile_rows(do_st, Tr::kPanels, Tr::kPanelQ, BM, rows, tid);
-      for (int r = rows + tid; r < BM; r += 256) {
-        lse_st[r] = INFINITY;
-        delta_st[r] = 0.f;
-      }
-      fence_proxy_async();
-      named_sync(1, 256);
-    }
+    mbar_wait(loads.q_full(stage), phase);
+    loads.zero_partial_visit(q_st, do_st, lse_st, delta_st, rows, tid);
 
     // S = Q K^T and dP = dO V^T: 64 queries x keys 32 cw .. 32 cw + 31 (rows 32 cw of K / V:
     // a 4096-byte offset, whole swizzle atoms).
@@ -274,7 +225,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       pending_turn = nullptr;
     }
     // Every thread is past visit it - 1: its stage takes the loads of visit it + S - 1.
-    if (tid == 0 && it + S - 1 < v.items) issue_loads(it + S - 1);
+    if (tid == 0 && it + S - 1 < v.items) loads.issue_visit(it + S - 1);
 
     // dQ (unscaled) = dS K for columns 128 cw + 64 c .. + 63, c = 0, 1: A = dS K-major (m =
     // queries, k = keys: 32 bytes a k16 step), B = K MN-major (k = keys, n = 64 columns).
