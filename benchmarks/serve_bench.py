@@ -4,10 +4,27 @@ the batch-1 decode step of the engine measured against reading the weights.
 
     python benchmarks/serve_bench.py            # 1.24B Llama-shaped bf16 model (e2e_bench.py)
     python benchmarks/serve_bench.py --tiny     # a small model and trace, runs on CPU
+    python benchmarks/serve_bench.py --trace longtail   # long-tailed lengths (below)
 
-Trace: ``--requests`` requests with Poisson arrivals (``--rate`` per second), prompt and output
-lengths uniform in ``--prompt-len`` / ``--output-len``, random tokens, greedy, no stop token;
-the shared-prefix variant puts one ``--shared-prefix``-token prefix before every prompt.
+Trace: ``--requests`` requests with Poisson arrivals (``--rate`` per second), random tokens,
+greedy, no stop token; the shared-prefix variant puts one ``--shared-prefix``-token prefix
+before every prompt. Lengths (``--trace``; the JSON records which ran, with its parameters and
+token counts):
+
+- ``uniform`` (the default): prompt and output lengths uniform in ``--prompt-len`` /
+  ``--output-len`` (64-1024 and 16-512).
+- ``longtail``: log-normal lengths, the shape of public chat-serving traces (ShareGPT,
+  LMSYS-Chat-1M, Azure's LLM-inference traces: most outputs a few hundred tokens or fewer, a
+  tail into the thousands). Outputs: median ``--output-median`` (128), log-sd 1.2, capped at
+  ``--max-output`` (2048): mean ~250, 90th percentile ~600, ~1% at the cap. Prompts: median
+  the geometric mean of ``--prompt-len`` (256), log-sd 1.0, clipped to that range: mean ~360.
+  The mean output is about the uniform trace's (~250 against ~264), so what differs is the
+  tail, which is what static batching pays for: each batch decodes until its longest output
+  ends while the rows of its shorter requests idle, and continuous batching refills those
+  rows at once. (``--tiny``: median 8, cap 48.)
+
+The engine admits a request only while the pool can also hold the next ``--reserve-tokens``
+tokens of every running request (default: `Engine`'s; 0 admits on the known tokens alone).
 
 - engine: requests are added as the wall clock reaches their arrival times, and the engine
   steps (compiled beforehand by ``Engine.warmup``). Time to first token (TTFT) = the host
@@ -53,6 +70,7 @@ from jax_flash.models import LlamaForCausalLM, generate  # noqa: E402
 from jax_flash.nn import MIN_DECODE_ROWS, pages_needed  # noqa: E402
 from jax_flash.serve import Engine  # noqa: E402
 from jax_flash.serve.engine import _device_step  # noqa: E402
+from jax_flash.serve.scheduler import RESERVE_TOKENS  # noqa: E402
 
 
 def random_model(config, seed=0):
@@ -73,19 +91,65 @@ def random_model(config, seed=0):
     return model
 
 
-def make_trace(rng, n, rate, prompt_len, output_len, vocab, prefix=0):
+@dataclasses.dataclass(frozen=True)
+class UniformLengths:
+    """``--trace uniform``: prompt and output lengths uniform in ``prompt`` / ``output``
+    (inclusive ranges)."""
+
+    prompt: tuple[int, int]
+    output: tuple[int, int]
+
+    def prompt_len(self, rng) -> int:
+        return int(rng.integers(*self.prompt, endpoint=True))
+
+    def output_len(self, rng) -> int:
+        return int(rng.integers(*self.output, endpoint=True))
+
+
+@dataclasses.dataclass(frozen=True)
+class LongTailLengths:
+    """``--trace longtail``: log-normal lengths, rounded. Prompts: median the geometric mean
+    of ``prompt`` (256 for 64-1024), log-sd ``prompt_sigma``, clipped to ``prompt``. Outputs:
+    median ``output_median``, log-sd ``output_sigma``, clipped to ``[1, max_output]``."""
+
+    prompt: tuple[int, int]
+    output_median: float
+    max_output: int
+    prompt_sigma: float = 1.0
+    output_sigma: float = 1.2
+
+    def prompt_len(self, rng) -> int:
+        lo, hi = self.prompt
+        n = rng.lognormal(np.log(np.sqrt(lo * hi)), self.prompt_sigma)
+        return int(np.clip(round(n), lo, hi))
+
+    def output_len(self, rng) -> int:
+        n = rng.lognormal(np.log(self.output_median), self.output_sigma)
+        return int(np.clip(round(n), 1, self.max_output))
+
+
+def make_trace(rng, n, rate, lengths, vocab, prefix=0):
+    """``n`` requests: Poisson arrivals at ``rate`` per second (0: all at once), random prompt
+    tokens (after one shared ``prefix``-token prefix), lengths drawn by ``lengths``
+    (`UniformLengths` or `LongTailLengths`), request by request."""
     arrivals = np.cumsum(rng.exponential(1.0 / rate, n)) if rate > 0 else np.zeros(n)
     arrivals -= arrivals[0]
     shared = rng.integers(0, vocab, prefix).tolist()
     return [
         dict(
             arrival=float(a),
-            prompt=shared
-            + rng.integers(0, vocab, int(rng.integers(*prompt_len, endpoint=True))).tolist(),
-            max_new=int(rng.integers(*output_len, endpoint=True)),
+            prompt=shared + rng.integers(0, vocab, lengths.prompt_len(rng)).tolist(),
+            max_new=lengths.output_len(rng),
         )
         for a in arrivals
     ]
+
+
+def trace_lengths(args):
+    """The length distribution of ``--trace`` from the parsed arguments."""
+    if args.trace == "uniform":
+        return UniformLengths(tuple(args.prompt_len), tuple(args.output_len))
+    return LongTailLengths(tuple(args.prompt_len), args.output_median, args.max_output)
 
 
 class Progress:
@@ -166,6 +230,7 @@ def run_static(model, trace, num_pages, page_size, max_batch):
     batches = static_batches(trace, num_pages, page_size, max_batch)
     progress = Progress("static (generate)", len(trace))
     clock, ttft, tbt, tokens, outputs = 0.0, [], [], 0, [None] * len(trace)
+    compile_s = 0.0  # excluded from the clock; recorded to estimate a run's wall time
     for batch in batches:
         out = generate(
             model,
@@ -182,9 +247,10 @@ def run_static(model, trace, num_pages, page_size, max_batch):
             tokens += len(toks)
             outputs[i] = toks
         clock = start + out.prefill_s + out.decode_s
+        compile_s += out.compile_s
         progress.update(len(batch))
     result = summarize(ttft, tbt, tokens, clock)
-    result["batches"] = len(batches)
+    result.update(batches=len(batches), compile_s=compile_s)
     return result, outputs
 
 
@@ -280,15 +346,24 @@ def measure_decode(model, engine, args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="a small model and trace (CPU)")
+    parser.add_argument(
+        "--trace",
+        default="uniform",
+        choices=["uniform", "longtail"],
+        help="length distribution of the trace (see the docstring)",
+    )
     parser.add_argument("--requests", type=int)
     parser.add_argument("--rate", type=float, help="arrivals per second (0: all at once)")
     parser.add_argument("--prompt-len", type=int, nargs=2)
-    parser.add_argument("--output-len", type=int, nargs=2)
+    parser.add_argument("--output-len", type=int, nargs=2, help="uniform trace's range")
+    parser.add_argument("--output-median", type=float, help="longtail trace's median output")
+    parser.add_argument("--max-output", type=int, help="longtail trace's longest output")
     parser.add_argument("--shared-prefix", type=int, help="prefix length of the shared variant")
     parser.add_argument("--num-pages", type=int)
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--max-batch", type=int)
     parser.add_argument("--prefill-chunk", type=int)
+    parser.add_argument("--reserve-tokens", type=int, default=RESERVE_TOKENS)
     parser.add_argument("--decode-context", type=int)
     parser.add_argument("--decode-tokens", type=int)
     parser.add_argument("--replay-steps", type=int, default=200)
@@ -308,6 +383,8 @@ def main():
     args.rate = d(args.rate, 40.0, 100.0)
     args.prompt_len = d(args.prompt_len, (4, 40), (64, 1024))
     args.output_len = d(args.output_len, (2, 24), (16, 512))
+    args.output_median = d(args.output_median, 8.0, 128.0)
+    args.max_output = d(args.max_output, 48, 2048)
     args.shared_prefix = d(args.shared_prefix, 32, 512)
     args.num_pages = d(args.num_pages, 48, 1024)
     args.max_batch = d(args.max_batch, 4, 16)
@@ -332,17 +409,23 @@ def main():
         page_size=args.page_size,
         max_batch=args.max_batch,
         prefill_chunk=args.prefill_chunk,
+        reserve_tokens=args.reserve_tokens,
         max_seq_len=max(
-            args.prompt_len[1] + args.shared_prefix + args.output_len[1],
+            args.prompt_len[1]
+            + args.shared_prefix
+            + (args.output_len[1] if args.trace == "uniform" else args.max_output),
             args.decode_context + args.decode_tokens,
         ),
     )
     os.makedirs(args.out, exist_ok=True)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S")
     kind = device.device_kind.replace(" ", "_")
-    path = os.path.join(args.out, f"serve{'_tiny' if tiny else ''}_{kind}_{stamp}.json")
+    variant = ("_tiny" if tiny else "") + ("" if args.trace == "uniform" else f"_{args.trace}")
+    path = os.path.join(args.out, f"serve{variant}_{kind}_{stamp}.json")
+    lengths = trace_lengths(args)
     record = dict(
         benchmark="serve",
+        trace=dict(name=args.trace, lengths=dataclasses.asdict(lengths)),
         info=bench_device.info(device),
         config={k: str(v) for k, v in vars(config).items()},
         parameters=n_params,
@@ -373,8 +456,16 @@ def main():
         )
 
     rng = np.random.default_rng(args.seed)
-    trace = make_trace(
-        rng, args.requests, args.rate, args.prompt_len, args.output_len, config.vocab_size
+    trace = make_trace(rng, args.requests, args.rate, lengths, config.vocab_size)
+    record["trace"].update(
+        prompt_tokens=sum(len(r["prompt"]) for r in trace),
+        output_tokens=sum(r["max_new"] for r in trace),
+        longest_output=max(r["max_new"] for r in trace),
+    )
+    t = record["trace"]
+    print(
+        f"trace {args.trace}: {len(trace)} requests, {t['prompt_tokens']} prompt and "
+        f"{t['output_tokens']} output tokens, longest output {t['longest_output']}"
     )
     if "trace" not in args.skip:
         summary, stats, outs = run_engine(engine, trace, "engine")
@@ -394,13 +485,7 @@ def main():
     if "prefix" not in args.skip:
         rng = np.random.default_rng(args.seed + 1)
         shared = make_trace(
-            rng,
-            args.requests,
-            args.rate,
-            args.prompt_len,
-            args.output_len,
-            config.vocab_size,
-            prefix=args.shared_prefix,
+            rng, args.requests, args.rate, lengths, config.vocab_size, prefix=args.shared_prefix
         )
         summary, stats, _ = run_engine(engine, shared, "engine, shared prefix")
         res["trace_shared_prefix_engine"] = dict(summary, counters=stats)

@@ -1,7 +1,8 @@
 """The serving engine (`jax_flash.serve`): every request's tokens equal those of `generate` run
 on it alone (greedy, and sampling with the same seed) under staggered arrivals, stop tokens,
-preemption from a tiny page pool and prefix sharing; the page pool's invariants after every
-step; a shared prefix is prefilled once; steps of a warm engine do not recompile.
+preemption from a tiny page pool (with and without admission's reserve for the running
+requests' growth) and prefix sharing; the page pool's invariants after every step; the reserve
+cuts preemptions; a shared prefix is prefilled once; steps of a warm engine do not recompile.
 
 A tiny float32 model (GQA 4:2, odd vocabulary) on the CPU kernels.
 """
@@ -98,6 +99,20 @@ def prompts(rng, lengths):
     return [rng.integers(0, CONFIG.vocab_size, n).tolist() for n in lengths]
 
 
+def pool_of_14(model, reserve_tokens):
+    """An engine of 14 pages (13 for requests), 4 rows, two 8-token chunks a step: small enough
+    that a few requests fill it."""
+    return Engine(
+        model,
+        num_pages=14,
+        page_size=PAGE,
+        max_batch=4,
+        max_prefill_rows=2,
+        prefill_chunk=8,
+        reserve_tokens=reserve_tokens,
+    )
+
+
 def test_staggered_arrivals_match_generate(model):
     rng = np.random.default_rng(0)
     ps = prompts(rng, (5, 17, 1, 30, 9, 13, 2))
@@ -129,25 +144,97 @@ def test_staggered_arrivals_match_generate(model):
     assert results[stopped][1][-1] == stop_at and len(results[stopped][1]) < 12
 
 
-def test_preemption_recomputes_and_matches(model):
+@pytest.mark.parametrize(
+    "seed, lengths, max_new, reserve",
+    [
+        # 13 pages of 4 tokens: each request alone fits (at most 9 pages), all four do not.
+        # Admission on the known tokens alone (no reserve): all four start, the pool runs dry.
+        (1, (11, 6, 14, 3), (20, 18, 9, 22), 0),
+        # A reserve of 8 tokens (2 pages each) lets all three in, but their outputs grow past
+        # it (8 pages each, 13 in the pool): preemption still frees pages.
+        (5, (3, 4, 2), (30, 29, 31), 8),
+    ],
+    ids=["no_reserve", "past_the_reserve"],
+)
+def test_preemption_recomputes_and_matches(model, seed, lengths, max_new, reserve):
     """A pool too small for the requests' outputs together: later requests are preempted
-    (pages freed, recomputed on readmission) and every request's tokens still match."""
-    rng = np.random.default_rng(1)
-    ps = prompts(rng, (11, 6, 14, 3))
+    (pages freed, recomputed on readmission) and every request's tokens, greedy and sampled,
+    still match."""
+    ps = prompts(np.random.default_rng(seed), lengths)
+    samplings = [SAMPLED if i == 1 else None for i in range(len(ps))]
     arrivals = [
         [
             dict(prompt_tokens=p, max_new_tokens=m, sampling=s)
-            for p, m, s in zip(ps, (20, 18, 9, 22), (None, SAMPLED, None, None), strict=True)
+            for p, m, s in zip(ps, max_new, samplings, strict=True)
         ]
     ]
-    # 13 pages of 4 tokens: each request alone fits (at most 9 pages), all four do not.
-    engine = Engine(
-        model, num_pages=14, page_size=PAGE, max_batch=4, max_prefill_rows=2, prefill_chunk=8
-    )
+    engine = pool_of_14(model, reserve)
     results = drive(engine, arrivals)
     assert engine.stats.preemptions > 0
     assert any(engine.request(r).num_preemptions for r in results)
     check_against_generate(model, results)
+
+
+def test_reserve_cuts_preemptions(model):
+    """Six requests of 8 prompt tokens (2 pages) growing to 15 tokens (4 pages), 13 pages.
+    Admitting on the known tokens, four start (8 pages) and their growth (16) preempts; with a
+    reserve of 8 tokens each counts its 4 pages, three start (12) and none is preempted; a
+    larger reserve changes nothing here (a reserve stops at the request's last token)."""
+    rng = np.random.default_rng(6)
+    ps = prompts(rng, (8,) * 6)
+    specs = [
+        dict(prompt_tokens=p, max_new_tokens=8, sampling=SAMPLED if i % 3 == 1 else None)
+        for i, p in enumerate(ps)
+    ]
+    preemptions, running = {}, {}
+    for reserve in (0, 8, 10**6):
+        engine = pool_of_14(model, reserve)
+        schedule, most = engine.scheduler.schedule, [0]
+
+        def counting(rows, schedule=schedule, most=most, engine=engine):
+            plan = schedule(rows)
+            most[0] = max(most[0], len(engine.scheduler.running))
+            return plan
+
+        engine.scheduler.schedule = counting
+        check_against_generate(model, drive(engine, [specs]))
+        preemptions[reserve], running[reserve] = engine.stats.preemptions, most[0]
+    assert preemptions[0] > 0 and running[0] == 4
+    assert preemptions[8] == 0 and running[8] == 3
+    assert preemptions[10**6] == 0 and running[10**6] == 3
+
+
+def test_reserve_never_blocks_a_lone_request(model):
+    """A request whose prompt and output need the whole pool (13 pages of 4 tokens) is admitted
+    with any reserve once it runs alone, and the request queued behind it runs after it."""
+    rng = np.random.default_rng(7)
+    ps = prompts(rng, (3, 5))
+    specs = [
+        dict(prompt_tokens=ps[0], max_new_tokens=50),
+        dict(prompt_tokens=ps[1], max_new_tokens=4),
+    ]
+    engine = pool_of_14(model, 10**6)
+    results = drive(engine, [specs])
+    check_against_generate(model, results)
+    first, second = (engine.request(rid) for rid in results)
+    assert second.token_times_s[0] > first.token_times_s[-1]  # one at a time
+    assert engine.stats.preemptions == 0
+
+
+def test_cached_prompt_filling_the_pool_runs(model):
+    """A prompt of 12 whole pages, run again once its pages are cached, with an output that
+    fills the pool (13 pages): its last prompt page, copied rather than shared (its last token
+    must be fed), would be held beside the copy, one page more than the pool has; the request
+    feeds that page's tokens instead of waiting forever (default reserve)."""
+    prompt = prompts(np.random.default_rng(8), (12 * PAGE,))[0]
+    engine = Engine(
+        model, num_pages=14, page_size=PAGE, max_batch=4, max_prefill_rows=2, prefill_chunk=8
+    )
+    for _ in range(2):
+        check_against_generate(
+            model, drive(engine, [[dict(prompt_tokens=prompt, max_new_tokens=5)]])
+        )
+    assert engine.stats.prefix_hit_tokens == 11 * PAGE
 
 
 def test_prefix_is_prefilled_once(model):
@@ -300,6 +387,8 @@ def test_bad_requests(model):
         SamplingParams(top_p=0.0)
     with pytest.raises(ValueError, match="max_batch"):
         Engine(model, max_batch=0)
+    with pytest.raises(ValueError, match="reserve_tokens"):
+        Engine(model, reserve_tokens=-1)
 
 
 def test_sampling_seed_is_jax_key(model):
@@ -314,11 +403,13 @@ def test_sampling_seed_is_jax_key(model):
     assert jax.random.key_data(jax.random.key(2**31 - 1)).tolist()[1] == 2**31 - 1
 
 
+@pytest.mark.parametrize("reserve", [0, 8])
 @pytest.mark.parametrize("seed", [int(s) for s in os.environ.get("SERVE_SEEDS", "0").split()])
-def test_mixed_trace_with_shared_prefixes_and_preemption(model, seed):
+def test_mixed_trace_with_shared_prefixes_and_preemption(model, seed, reserve):
     """Everything at once: random arrivals, prompts built from two shared prefixes of odd
     lengths, greedy and sampled requests with stop tokens, and a pool small enough to preempt
-    (seed 0: 5 preemptions). SERVE_SEEDS="0 1 2 ..." runs more traces (33 more passed)."""
+    (seed 0: 5 preemptions with no reserve, 1 with a reserve of 8 tokens). SERVE_SEEDS="0 1 2
+    ..." runs more traces (33 more passed)."""
     rng = np.random.default_rng(100 + seed)
     heads = prompts(rng, (7, 13))
     arrivals = [[] for _ in range(12)]
@@ -333,8 +424,6 @@ def test_mixed_trace_with_shared_prefixes_and_preemption(model, seed):
         if rng.random() < 0.3:
             spec["stop_tokens"] = [int(t) for t in rng.integers(0, CONFIG.vocab_size, 8)]
         arrivals[int(rng.integers(0, len(arrivals)))].append(spec)
-    engine = Engine(
-        model, num_pages=14, page_size=PAGE, max_batch=4, max_prefill_rows=2, prefill_chunk=8
-    )
+    engine = pool_of_14(model, reserve)
     check_against_generate(model, drive(engine, arrivals))
     assert engine.stats.prefix_hit_tokens > 0

@@ -41,6 +41,14 @@ def main(argv=None):
     parser.add_argument("--prefill-chunk", type=int, default=128)
     parser.add_argument("--max-seq-len", type=int, default=None)
     parser.add_argument(
+        "--reserve-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="admit a request only while the pool can also hold the next N tokens of every "
+        "running request (default: the Engine's)",
+    )
+    parser.add_argument(
         "--tensor-parallel",
         type=int,
         default=1,
@@ -60,6 +68,7 @@ def main(argv=None):
     from ..models import load_hf_checkpoint, load_tokenizer, shard_model
     from .engine import Engine
     from .http import make_app
+    from .scheduler import RESERVE_TOKENS
 
     try:  # before the weights load: a wrong device count fails at once
         mesh = tensor_parallel_mesh(args.tensor_parallel)
@@ -79,6 +88,7 @@ def main(argv=None):
         max_prefill_rows=args.max_prefill_rows,
         prefill_chunk=args.prefill_chunk,
         max_seq_len=args.max_seq_len,
+        reserve_tokens=RESERVE_TOKENS if args.reserve_tokens is None else args.reserve_tokens,
     )
     name = os.path.basename(os.path.normpath(args.checkpoint))
     app = make_app(engine, tokenizer=load_tokenizer(args.checkpoint), model_name=name)

@@ -41,7 +41,7 @@ from ..ops.kv_cache import copy_pages
 from ..ops.sampling import argmax_tokens, sample
 from .pages import PagePool
 from .request import Request, SamplingParams, Status
-from .scheduler import Scheduler, StepPlan
+from .scheduler import RESERVE_TOKENS, Scheduler, StepPlan
 
 
 @dataclasses.dataclass
@@ -216,6 +216,11 @@ class Engine:
         the null page). A request whose prompt and output cannot fit alone is refused.
     max_batch : decode rows per step (and requests running at once).
     max_prefill_rows, prefill_chunk : prompt chunks per step, and tokens per chunk.
+    reserve_tokens : admission's reserve (default 32): a request is admitted only while the
+        pool can also hold the next ``reserve_tokens`` tokens of every running request, itself
+        included (`Scheduler`). 0 admits on the known tokens alone, which fills the pool to its
+        last page and preempts as soon as its requests grow; requests that grow past their
+        reserves are still preempted when the pool runs dry.
     max_seq_len : the longest prompt + output (default the model's
         ``max_position_embeddings``, at most what the pool holds).
     decode_buckets : decode-row counts a step is padded to (default powers of two from 2 up to
@@ -251,6 +256,7 @@ class Engine:
         prefill_chunk: int = 64,
         max_seq_len: int | None = None,
         decode_buckets: Sequence[int] | None = None,
+        reserve_tokens: int = RESERVE_TOKENS,
     ):
         for name, v in (
             ("num_pages", num_pages),
@@ -261,6 +267,8 @@ class Engine:
         ):
             if not isinstance(v, (int, np.integer)) or v < (2 if name == "num_pages" else 1):
                 raise ValueError(f"Engine: {name} must be an int >= 1 (num_pages >= 2), got {v!r}")
+        if not isinstance(reserve_tokens, (int, np.integer)) or reserve_tokens < 0:
+            raise ValueError(f"Engine: reserve_tokens must be an int >= 0, got {reserve_tokens!r}")
         self.model = model
         self.vocab_size = int(model.config.vocab_size)
         self.page_size = P = int(page_size)
@@ -279,6 +287,7 @@ class Engine:
             max_batch=int(max_batch),
             max_prefill_rows=int(max_prefill_rows),
             prefill_chunk=int(prefill_chunk),
+            reserve_tokens=int(reserve_tokens),
         )
         # No bucket below nn.MIN_DECODE_ROWS: a lone decode row runs beside a padding row.
         floor = min(MIN_DECODE_ROWS, int(max_batch))

@@ -7,12 +7,17 @@ drawn token, or the last token of a prompt) and up to ``max_prefill_rows`` chunk
 
 Pages: a request is admitted (first come, first served) only when the pool can hold all its
 known tokens, less the full prompt pages it shares with earlier requests (prefix sharing; a
-partly shared page is copied, copy-on-write, and its shared tokens not computed again);
-while decoding it takes one more page whenever its next token starts one. When none is left,
-the most recently admitted running request is preempted: its pages are released and it waits
-at the head of the queue, to be fed again from its first token (recompute). Running requests
-are never touched by another's allocation, so preemption never corrupts them; the oldest
-request can always run, because a request that cannot fit the pool alone is refused.
+partly shared page is copied, copy-on-write, and its shared tokens not computed again), and
+also every running request's reserve, its own included: the pages it takes for its next
+``reserve_tokens`` tokens (none past its last token). A reserve is counted, not handed out:
+it holds admission back, so that the requests running together have room to grow before one
+of them must be preempted. While decoding a request takes one more page whenever its next
+token starts one. When none is left (requests grow past their reserves), the most recently
+admitted running request is preempted: its pages are released and it waits at the head of the
+queue, to be fed again from its first token (recompute). Running requests are never touched
+by another's allocation, so preemption never corrupts them; the oldest request can always
+run, because a request that cannot fit the pool alone is refused (a reserve stops at the
+request's last token, so alone it fits with its reserve too).
 """
 
 from __future__ import annotations
@@ -22,6 +27,12 @@ import dataclasses
 
 from .pages import PagePool, prefix_hashes
 from .request import Request, Status
+
+# The default reserve: in tools/serve_sim.py, on the serving benchmark's traces (pages of 16
+# tokens), 16-32 tokens gave the best throughput and 32 the fewest preemptions among them (most
+# of them gone); reserves of 64 and more hold back requests that the pool could run
+# (docs/serving.md).
+RESERVE_TOKENS = 32
 
 
 @dataclasses.dataclass
@@ -57,12 +68,16 @@ class Scheduler:
         max_batch: int,
         max_prefill_rows: int,
         prefill_chunk: int,
+        reserve_tokens: int = RESERVE_TOKENS,
     ):
+        if reserve_tokens < 0:
+            raise ValueError(f"Scheduler: reserve_tokens must be >= 0, got {reserve_tokens}")
         self.pool = pool
         self.page_size = page_size
         self.max_batch = max_batch
         self.max_prefill_rows = max_prefill_rows
         self.prefill_chunk = prefill_chunk
+        self.reserve_tokens = reserve_tokens
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []  # in admission order
         self.stats = SchedulerStats()
@@ -115,8 +130,19 @@ class Scheduler:
                 if victim is r:
                     break
 
+    def _reserve(self, r: Request, held: int) -> int:
+        """Pages that ``r``, holding ``held``, still needs for its next ``reserve_tokens``
+        tokens: it caches at most ``len(prompt) + max_new_tokens - 1`` tokens (its last drawn
+        token is never fed), so a request near its end reserves less."""
+        if not self.reserve_tokens:
+            return 0
+        last = len(r.prompt) + r.max_new_tokens - 1
+        want = -(-min(r.num_tokens + self.reserve_tokens, last) // self.page_size)
+        return max(0, want - held)
+
     def _admit(self, copies: list[tuple[int, int]]) -> None:
         P, pool = self.page_size, self.pool
+        reserved = sum(self._reserve(r, len(r.pages)) for r in self.running)
         for r in list(self.waiting):
             if len(self.running) >= self.max_batch or r.pending:
                 break  # a preempted request waits for its in-flight token first
@@ -131,8 +157,15 @@ class Scheduler:
             source, run = self._copy_source(r, found, k, cap - k * P)
             need = -(-r.num_tokens // P) - k
             revived = sum(pool.refs(p) == 0 for p in shared + [source][:run])
-            if need > pool.num_available - revived:
+            reserve = self._reserve(r, k + need)
+            if run and not self.running and need + reserve > pool.num_available - revived:
+                # Alone a request must fit, or it waits forever: a cached page to copy is held
+                # beside its copy, one page more than the request keeps, so feed its tokens.
+                run = 0
+                revived = sum(pool.refs(p) == 0 for p in shared)
+            if need + reserve + reserved > pool.num_available - revived:
                 break
+            reserved += reserve
             pool.share(shared + [source][:run])  # the source stays put while pages are taken
             r.pages = shared + pool.allocate(need)
             if run:
