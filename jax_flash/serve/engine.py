@@ -478,6 +478,11 @@ class Engine:
         greedy = all(r.sampling.greedy for r in plan.draws if r is not None)
         shape = self._shape(len(plan.decode), len(plan.chunks), greedy)
         out, self._kv = self._call(shape, plan)
+        # The drawn tokens start for the host as soon as the step ends, so that `_read` finds
+        # them there instead of starting the copy itself. Measured on an H200 (the 1.24B model,
+        # the uniform serving trace, max_batch 48; four alternating rounds in one process):
+        # 3776-4338 -> 4219-4776 tokens/s, time between tokens p50 3.0-3.5 -> 2.3-3.1 ms.
+        out.copy_to_host_async()
         self._previous = out
         d = shape.num_decode
         out_rows = list(range(len(plan.decode))) + [d + j for j in range(len(plan.chunks))]
