@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 
 import jax
 import jax.numpy as jnp
@@ -63,8 +64,11 @@ def main(argv=None) -> None:
     parser.add_argument("--kernels", nargs="+", choices=list(KERNELS), default=list(KERNELS))
     parser.add_argument("--long", action="store_true", help="also 1 x 16k causal")
     parser.add_argument("--wide", action="store_true", help="also head dim 256")
+    parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
-    print(jax.devices()[0].device_kind, flush=True)
+    device = jax.devices()[0].device_kind
+    print(device, flush=True)
+    rows = []
     shapes = SHAPES + (LONG if args.long else []) + (WIDE if args.wide else [])
     for b, s, hq, hkv, d, causal in shapes:
         keys = jax.random.split(jax.random.key(s + d), 4)
@@ -103,6 +107,11 @@ def main(argv=None) -> None:
                     line += f"  cost {100 * (1 - rate[True] / rate[False]):.1f}%"
                     line += f"  rerun {'bit-identical' if same else 'DIFFERS'}"
                 print(line, flush=True)
+                rows.append(
+                    dict(batch=b, seqlen=s, heads_q=hq, heads_kv=hkv, head_dim=d, causal=causal,
+                         kernel=name, deterministic=det, tflops=rate[det], rerun_identical=same
+                         if det else None)
+                )  # fmt: skip
         if len(args.kernels) == 2:
             diff = max(
                 _rel(a, c)
@@ -111,6 +120,9 @@ def main(argv=None) -> None:
             print(f"B={b} S={s} H={hq}/{hkv} D={d} causal={causal}: hopper vs mma.sync {diff:.2e}")
         else:
             print(f"B={b} S={s} H={hq}/{hkv} D={d} causal={causal}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(dict(device=device, jax=jax.__version__, rows=rows), fh, indent=1)
 
 
 if __name__ == "__main__":
