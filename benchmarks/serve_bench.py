@@ -24,22 +24,27 @@ token counts):
   rows at once. (``--tiny``: median 8, cap 48.)
 
 The engine admits a request only while the pool can also hold the next ``--reserve-tokens``
-tokens of every running request (default: `Engine`'s; 0 admits on the known tokens alone).
+tokens of every running request (default: `Engine`'s; 0 admits on the known tokens alone), and
+runs up to ``--decode-steps`` decode steps in one dispatch where no prompt chunk is fed
+(default 1: `Engine`'s ``decode_steps``).
 
 - engine: requests are added as the wall clock reaches their arrival times, and the engine
   steps (compiled beforehand by ``Engine.warmup``). Time to first token (TTFT) = the host
   reading a request's first token - its arrival; time between tokens (TBT) = between its
-  consecutive tokens.
+  consecutive tokens (zero inside a burst read together, ``--decode-steps`` > 1); time per
+  output token (TPOT) = per request, its last token's time - its first's over the tokens
+  between.
 - static: requests in arrival order form batches of up to ``--max-batch`` whose prompts and
   outputs fit the engine's page pool at once (`generate` reserves every page a request can
   need); a batch starts when its last request has arrived and the previous batch is done, and
   runs `generate` to its longest output. Its compile time is excluded; TTFT = batch start +
-  prefill - arrival, TBT = decode time / decode steps (all rows step together).
+  prefill - arrival, TBT = TPOT = decode time / decode steps (all rows step together).
 - throughput = generated tokens / (last token - first arrival).
 
 Decode (``--decode-context`` tokens of prompt, then ``--decode-tokens`` greedy tokens, one
-request): tokens/s from the engine's median TBT; the same compiled step replayed alone on the
-device (no host planning, same inputs); that step drawing with the sampling kernel (temperature
+request): tokens/s from the engine's mean TBT after the first token; the same compiled step
+(its first decode-only dispatch, per token drawn) replayed alone on the device (no host
+planning, same inputs); that step drawing with the sampling kernel (temperature
 1, a variant compiled here) instead of argmax; one read of every weight (a jitted sum over the
 parameters); and the bandwidth limit: weights + the request's KV at the HBM read bandwidth (a
 sum over 1 GiB).
@@ -69,7 +74,7 @@ from jax_flash.bench import device as bench_device  # noqa: E402
 from jax_flash.models import LlamaForCausalLM, generate  # noqa: E402
 from jax_flash.nn import MIN_DECODE_ROWS, pages_needed  # noqa: E402
 from jax_flash.serve import Engine  # noqa: E402
-from jax_flash.serve.engine import _device_step  # noqa: E402
+from jax_flash.serve.engine import _device_decode_steps, _device_step, _unpack  # noqa: E402
 from jax_flash.serve.scheduler import RESERVE_TOKENS  # noqa: E402
 
 
@@ -170,7 +175,10 @@ class Progress:
         )
 
 
-def summarize(ttft, tbt, tokens, span):
+def summarize(ttft, tbt, tpot, tokens, span):
+    """``tbt``: every gap between consecutive tokens of a request (zero inside a burst of
+    tokens read together, `Engine`'s ``decode_steps``); ``tpot``: per request, its decode time
+    per token after the first (the gaps' mean), which bursts do not distort."""
     pct = lambda xs, q: float(np.percentile(xs, q)) if len(xs) else None  # noqa: E731
     return dict(
         generated_tokens=int(tokens),
@@ -180,6 +188,8 @@ def summarize(ttft, tbt, tokens, span):
         ttft_p90_ms=pct(ttft, 90) * 1e3,
         tbt_p50_ms=pct(tbt, 50) * 1e3 if tbt else None,
         tbt_p90_ms=pct(tbt, 90) * 1e3 if tbt else None,
+        tpot_p50_ms=pct(tpot, 50) * 1e3 if tpot else None,
+        tpot_p90_ms=pct(tpot, 90) * 1e3 if tpot else None,
     )
 
 
@@ -207,11 +217,16 @@ def run_engine(engine, trace, label):
     tbt = [
         b - a for r in reqs for a, b in zip(r.token_times_s[:-1], r.token_times_s[1:], strict=True)
     ]
+    tpot = [
+        (r.token_times_s[-1] - r.token_times_s[0]) / (len(r.token_times_s) - 1)
+        for r in reqs
+        if len(r.token_times_s) > 1
+    ]
     tokens = sum(len(r.output) for r in reqs)
     span = max(r.token_times_s[-1] for r in reqs) - t0
     stats = {k: v - before[k] for k, v in vars(engine.stats).items()}  # this run's
     stats["prompt_tokens"] = sum(len(r["prompt"]) for r in trace)
-    return summarize(ttft, tbt, tokens, span), stats, [r.output for r in reqs]
+    return summarize(ttft, tbt, tpot, tokens, span), stats, [r.output for r in reqs]
 
 
 def static_batches(trace, num_pages, page_size, max_batch):
@@ -229,7 +244,7 @@ def static_batches(trace, num_pages, page_size, max_batch):
 def run_static(model, trace, num_pages, page_size, max_batch):
     batches = static_batches(trace, num_pages, page_size, max_batch)
     progress = Progress("static (generate)", len(trace))
-    clock, ttft, tbt, tokens, outputs = 0.0, [], [], 0, [None] * len(trace)
+    clock, ttft, tbt, tpot, tokens, outputs = 0.0, [], [], [], 0, [None] * len(trace)
     compile_s = 0.0  # excluded from the clock; recorded to estimate a run's wall time
     for batch in batches:
         out = generate(
@@ -244,12 +259,13 @@ def run_static(model, trace, num_pages, page_size, max_batch):
         for i, toks in zip(batch, out.tokens, strict=True):
             ttft.append(start + out.prefill_s - trace[i]["arrival"])
             tbt += [per_step] * (len(toks) - 1)
+            tpot += [per_step] if len(toks) > 1 else []
             tokens += len(toks)
             outputs[i] = toks
         clock = start + out.prefill_s + out.decode_s
         compile_s += out.compile_s
         progress.update(len(batch))
-    result = summarize(ttft, tbt, tokens, clock)
+    result = summarize(ttft, tbt, tpot, tokens, clock)
     result.update(batches=len(batches), compile_s=compile_s)
     return result, outputs
 
@@ -260,9 +276,9 @@ def measure_decode(model, engine, args):
     captured = {}
     pack = engine._pack
 
-    def capture(shape, plan):  # keep the inputs of a decode-only step, to replay it
+    def capture(shape, plan):  # keep the inputs of the first decode-only dispatch, to replay
         ints, floats = pack(shape, plan)
-        if shape.num_chunks == 0:  # the lone request's row (in the smallest decode bucket)
+        if shape.num_chunks == 0 and not captured:  # the lone request's row (smallest bucket)
             captured.update(shape=shape, ints=ints, floats=floats)
         return ints, floats
 
@@ -274,7 +290,9 @@ def measure_decode(model, engine, args):
         engine.step()
     del engine._pack  # the class's again
     times = engine.request(rid).token_times_s
-    tbt = float(np.median(np.diff(times[1:])))  # from the 2nd token: decode steps only
+    # From the 2nd token (decode steps only), the mean: with decode_steps > 1 the tokens come
+    # in bursts, whose gaps' median says nothing.
+    tbt = (times[-1] - times[1]) / (len(times) - 2)
     row = dict(
         context=args.decode_context,
         tokens=args.decode_tokens,
@@ -284,6 +302,10 @@ def measure_decode(model, engine, args):
 
     shape, ints, floats = captured["shape"], captured["ints"], captured["floats"]
     R = shape.rows
+    # A dispatch of several decode steps draws its row's count of tokens.
+    step, per_dispatch = _device_step, 1
+    if shape.steps > 1:
+        step, per_dispatch = _device_decode_steps, int(_unpack(shape, ints, floats)["counts"][0])
     for label, temperature in (("greedy", 0.0), ("sampling", 1.0)):
         shape = dataclasses.replace(shape, greedy=temperature == 0)
         f = floats.copy()
@@ -294,9 +316,9 @@ def measure_decode(model, engine, args):
         for n in (2, args.replay_steps):  # the first round warms up
             t0 = time.perf_counter()
             for _ in range(n):
-                prev, kv = _device_step(engine._model_static, shape, engine._params, kv, prev, x, f)
+                prev, *_, kv = step(engine._model_static, shape, engine._params, kv, prev, x, f)
             jax.block_until_ready(prev)
-            dt = (time.perf_counter() - t0) / n
+            dt = (time.perf_counter() - t0) / n / per_dispatch
         engine._kv, engine._previous = kv, prev
         row[f"device_step_{label}_ms"] = dt * 1e3
         row[f"device_step_{label}_tokens_per_s"] = 1.0 / dt
@@ -364,6 +386,7 @@ def main():
     parser.add_argument("--max-batch", type=int)
     parser.add_argument("--prefill-chunk", type=int)
     parser.add_argument("--reserve-tokens", type=int, default=RESERVE_TOKENS)
+    parser.add_argument("--decode-steps", type=int, default=1)
     parser.add_argument("--decode-context", type=int)
     parser.add_argument("--decode-tokens", type=int)
     parser.add_argument("--replay-steps", type=int, default=200)
@@ -410,6 +433,7 @@ def main():
         max_batch=args.max_batch,
         prefill_chunk=args.prefill_chunk,
         reserve_tokens=args.reserve_tokens,
+        decode_steps=args.decode_steps,
         max_seq_len=max(
             args.prompt_len[1]
             + args.shared_prefix
@@ -492,19 +516,26 @@ def main():
         save()
 
     lone = res.get("decode_batch1", {}).get("engine_tbt_ms")
-    print(f"\n{'system':<28}{'tok/s':>9}{'TTFT p50 ms':>13}{'TBT p50 ms':>12}{'TBT p90 ms':>12}")
+    print(
+        f"\n{'system':<28}{'tok/s':>9}{'TTFT p50 ms':>13}{'TBT p50 ms':>12}{'TBT p90 ms':>12}"
+        f"{'TPOT p50 ms':>13}"
+    )
     for name in ("trace_engine", "trace_static", "trace_shared_prefix_engine"):
         if name in res:
             r = res[name]
             print(
                 f"{name:<28}{r['throughput_tokens_per_s']:>9.1f}{r['ttft_p50_ms']:>13.1f}"
-                f"{r['tbt_p50_ms']:>12.2f}{r['tbt_p90_ms']:>12.2f}"
+                f"{r['tbt_p50_ms']:>12.2f}{r['tbt_p90_ms']:>12.2f}{r['tpot_p50_ms']:>13.2f}"
             )
     if "throughput_ratio" in res:
         print(f"engine / static throughput: {res['throughput_ratio']:.2f}x")
     if lone and "trace_engine" in res:
         res["tbt_p50_over_lone"] = res["trace_engine"]["tbt_p50_ms"] / lone
-        print(f"engine TBT p50 / lone request's: {res['tbt_p50_over_lone']:.2f}")
+        res["tpot_p50_over_lone"] = res["trace_engine"]["tpot_p50_ms"] / lone
+        print(
+            f"engine TBT p50 / lone request's: {res['tbt_p50_over_lone']:.2f}; "
+            f"TPOT p50 / lone request's: {res['tpot_p50_over_lone']:.2f}"
+        )
     if "trace_shared_prefix_engine" in res:
         c = res["trace_shared_prefix_engine"]["counters"]
         print(

@@ -99,7 +99,7 @@ def prompts(rng, lengths):
     return [rng.integers(0, CONFIG.vocab_size, n).tolist() for n in lengths]
 
 
-def pool_of_14(model, reserve_tokens):
+def pool_of_14(model, reserve_tokens, decode_steps=1):
     """An engine of 14 pages (13 for requests), 4 rows, two 8-token chunks a step: small enough
     that a few requests fill it."""
     return Engine(
@@ -110,6 +110,7 @@ def pool_of_14(model, reserve_tokens):
         max_prefill_rows=2,
         prefill_chunk=8,
         reserve_tokens=reserve_tokens,
+        decode_steps=decode_steps,
     )
 
 
@@ -389,6 +390,8 @@ def test_bad_requests(model):
         Engine(model, max_batch=0)
     with pytest.raises(ValueError, match="reserve_tokens"):
         Engine(model, reserve_tokens=-1)
+    with pytest.raises(ValueError, match="decode_steps"):
+        Engine(model, decode_steps=0)
 
 
 def test_sampling_seed_is_jax_key(model):
@@ -403,13 +406,16 @@ def test_sampling_seed_is_jax_key(model):
     assert jax.random.key_data(jax.random.key(2**31 - 1)).tolist()[1] == 2**31 - 1
 
 
-@pytest.mark.parametrize("reserve", [0, 8])
+@pytest.mark.parametrize(
+    "reserve, decode_steps", [(0, 1), (8, 1), (0, 3), (8, 3)], ids=lambda v: str(v)
+)
 @pytest.mark.parametrize("seed", [int(s) for s in os.environ.get("SERVE_SEEDS", "0").split()])
-def test_mixed_trace_with_shared_prefixes_and_preemption(model, seed, reserve):
+def test_mixed_trace_with_shared_prefixes_and_preemption(model, seed, reserve, decode_steps):
     """Everything at once: random arrivals, prompts built from two shared prefixes of odd
     lengths, greedy and sampled requests with stop tokens, and a pool small enough to preempt
-    (seed 0: 5 preemptions with no reserve, 1 with a reserve of 8 tokens). SERVE_SEEDS="0 1 2
-    ..." runs more traces (33 more passed)."""
+    (seed 0: 5 preemptions with no reserve, 1 with a reserve of 8 tokens); with decode_steps
+    3, dispatches of several decode steps among them. SERVE_SEEDS="0 1 2 ..." runs more traces
+    (33 more passed)."""
     rng = np.random.default_rng(100 + seed)
     heads = prompts(rng, (7, 13))
     arrivals = [[] for _ in range(12)]
@@ -424,6 +430,15 @@ def test_mixed_trace_with_shared_prefixes_and_preemption(model, seed, reserve):
         if rng.random() < 0.3:
             spec["stop_tokens"] = [int(t) for t in rng.integers(0, CONFIG.vocab_size, 8)]
         arrivals[int(rng.integers(0, len(arrivals)))].append(spec)
-    engine = pool_of_14(model, reserve)
+    engine = pool_of_14(model, reserve, decode_steps)
+    schedule, most_steps = engine.scheduler.schedule, [1]
+
+    def recording(rows):
+        plan = schedule(rows)
+        most_steps[0] = max(most_steps[0], plan.steps if plan else 1)
+        return plan
+
+    engine.scheduler.schedule = recording
     check_against_generate(model, drive(engine, arrivals))
     assert engine.stats.prefix_hit_tokens > 0
+    assert most_steps[0] == decode_steps

@@ -40,10 +40,11 @@ CONFIG = LlamaConfig(
 )
 PAGE = 4
 # 15 pages of 4 tokens: every request fits alone, the trace's together do not (preemption).
-# No admission reserve: the trace must preempt (the engine's default reserve avoids it).
+# No admission reserve: the trace must preempt (the engine's default reserve avoids it). Two
+# decode steps a dispatch where no prompt chunk is fed: the multi-step loop on split pools too.
 ENGINE = dict(
     num_pages=16, page_size=PAGE, max_batch=3, decode_buckets=[3], max_prefill_rows=1,
-    prefill_chunk=8, reserve_tokens=0,
+    prefill_chunk=8, reserve_tokens=0, decode_steps=2,
 )  # fmt: skip
 COLLECTIVE = r"= (\(.*?\)|\S+) (all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter)"
 

@@ -49,6 +49,14 @@ def main(argv=None):
         "running request (default: the Engine's)",
     )
     parser.add_argument(
+        "--decode-steps",
+        type=int,
+        default=1,
+        metavar="K",
+        help="decode steps one device call may run where no prompt chunk is fed (tokens then "
+        "stream in bursts of up to K)",
+    )
+    parser.add_argument(
         "--tensor-parallel",
         type=int,
         default=1,
@@ -89,6 +97,7 @@ def main(argv=None):
         prefill_chunk=args.prefill_chunk,
         max_seq_len=args.max_seq_len,
         reserve_tokens=RESERVE_TOKENS if args.reserve_tokens is None else args.reserve_tokens,
+        decode_steps=args.decode_steps,
     )
     name = os.path.basename(os.path.normpath(args.checkpoint))
     app = make_app(engine, tokenizer=load_tokenizer(args.checkpoint), model_name=name)

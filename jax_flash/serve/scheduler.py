@@ -3,7 +3,9 @@
 Each step has up to ``max_batch`` decode rows (a request with one token to feed: its last
 drawn token, or the last token of a prompt) and up to ``max_prefill_rows`` chunk rows of up to
 ``prefill_chunk`` prompt tokens (chunked prefill), so a step's token budget is
-``max_batch + max_prefill_rows * prefill_chunk``.
+``max_batch + max_prefill_rows * prefill_chunk``. A step with decode rows only may run up to
+``decode_steps`` decode steps in one dispatch, each row as many as its request may still draw,
+when the pool can hold the pages of all those tokens now (else one).
 
 Pages: a request is admitted (first come, first served) only when the pool can hold all its
 known tokens, less the full prompt pages it shares with earlier requests (prefix sharing; a
@@ -47,6 +49,10 @@ class StepPlan:
     chunks: list[tuple[Request, int, int]]
     draws: list[Request | None]
     copies: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (src, dst) pages
+    # Decode steps the device runs in this one dispatch (no chunk rows then), and how many of
+    # them each decode row takes (the rest of its steps neither write the cache nor count).
+    steps: int = 1
+    counts: list[int] = dataclasses.field(default_factory=list)  # per decode row; [] = all 1
 
 
 @dataclasses.dataclass
@@ -69,15 +75,19 @@ class Scheduler:
         max_prefill_rows: int,
         prefill_chunk: int,
         reserve_tokens: int = RESERVE_TOKENS,
+        decode_steps: int = 1,
     ):
         if reserve_tokens < 0:
             raise ValueError(f"Scheduler: reserve_tokens must be >= 0, got {reserve_tokens}")
+        if decode_steps < 1:
+            raise ValueError(f"Scheduler: decode_steps must be >= 1, got {decode_steps}")
         self.pool = pool
         self.page_size = page_size
         self.max_batch = max_batch
         self.max_prefill_rows = max_prefill_rows
         self.prefill_chunk = prefill_chunk
         self.reserve_tokens = reserve_tokens
+        self.decode_steps = decode_steps
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []  # in admission order
         self.stats = SchedulerStats()
@@ -226,11 +236,12 @@ class Scheduler:
         if not decode and not chunks:
             assert not copies, "an admitted request always gets a row"
             return None
-        for r, _ in decode:
-            self._fed(r, 1)
-            r.pending += 1
+        counts = self._decode_counts(decode) if not chunks and not copies else [1] * len(decode)
+        for (r, _), n in zip(decode, counts, strict=True):
+            self._fed(r, n)
+            r.pending += n
             draws.append(r)
-            self.stats.decode_tokens += 1
+            self.stats.decode_tokens += n
         for r, _, n in chunks:
             last = n == r.to_feed
             self._fed(r, n)
@@ -239,7 +250,28 @@ class Scheduler:
                 r.pending += 1
             draws.append(r if last else None)
         self.stats.steps += 1
-        return StepPlan(decode, chunks, draws, copies)
+        steps = max(counts, default=1)
+        return StepPlan(decode, chunks, draws, copies, steps, counts if steps > 1 else [])
+
+    def _decode_counts(self, decode: list[tuple[Request, int]]) -> list[int]:
+        """Tokens each decode row draws in a step of decode rows only: up to ``decode_steps``,
+        no more than its request may still draw, with the pages for the tokens they cache
+        taken now. All 1 when the pool cannot hold them all (a row never preempts another for
+        steps ahead)."""
+        if self.decode_steps == 1:
+            return [1] * len(decode)
+        P, counts, need = self.page_size, [], []
+        for r, _ in decode:
+            n = min(self.decode_steps, r.max_new_tokens - len(r.output) - r.pending)
+            counts.append(n)
+            # The row feeds positions num_cached .. num_cached + n - 1.
+            need.append(max(0, -(-(r.num_cached + n) // P) - len(r.pages)))
+        if sum(need) > self.pool.num_available:
+            return [1] * len(decode)
+        for (r, _), k in zip(decode, need, strict=True):
+            if k:
+                r.pages += self.pool.allocate(k)
+        return counts
 
     def check(self) -> None:
         """Assert the page pool's invariants against the requests' page lists."""
