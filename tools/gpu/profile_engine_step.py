@@ -5,6 +5,7 @@ tokens back), the steps' shapes, and the device time of a full decode step repla
 
     python tools/gpu/profile_engine_step.py            # the 1.24B bf16 model, on a GPU
     python tools/gpu/profile_engine_step.py --tiny     # a small model and trace, on CPU
+    python tools/gpu/profile_engine_step.py --decode-steps 1 4 --rounds 3 --json out.json
 
 When the host phases add up to more than the replayed step, the engine is host-bound: the
 device waits for Python between steps (docs/serving.md, "Measured with the reserve").
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import sys
 import time
@@ -36,7 +38,15 @@ def main(argv=None) -> None:
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--max-batch", type=int, default=48)
     parser.add_argument("--replays", type=int, default=50)
-    parser.add_argument("--decode-steps", type=int, default=1, help="Engine's decode_steps")
+    parser.add_argument(
+        "--decode-steps",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="Engine's decode_steps; several: alternated in one process (--rounds each)",
+    )
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--json", help="also write the rounds to this JSON file")
     args = parser.parse_args(argv)
     tiny = args.tiny
     config = sb.TINY if tiny else sb.LLAMA_1B
@@ -45,6 +55,8 @@ def main(argv=None) -> None:
     lengths = (
         sb.UniformLengths((4, 40), (2, 24)) if tiny else sb.UniformLengths((64, 1024), (16, 512))
     )
+    # One engine for every round: compiled with the largest decode_steps (which also compiles
+    # the one-step executables), the scheduler's value switched between rounds.
     engine = Engine(
         model,
         decode_buckets=[min(MIN_DECODE_ROWS, mb)],
@@ -53,9 +65,10 @@ def main(argv=None) -> None:
         max_batch=mb,
         prefill_chunk=16 if tiny else 512,
         max_seq_len=128 if tiny else 2048,
-        decode_steps=args.decode_steps,
+        decode_steps=max(args.decode_steps),
     )
-    print(f"{jax.devices()[0].device_kind}: compiled in {engine.warmup(sampling=False):.1f} s")
+    device = jax.devices()[0].device_kind
+    print(f"{device}: compiled in {engine.warmup(sampling=False):.1f} s")
 
     host = collections.defaultdict(float)
     shapes = collections.Counter()
@@ -81,13 +94,8 @@ def main(argv=None) -> None:
         shapes[
             f"decode rows {shape.num_decode}, prompt chunks {shape.num_chunks}, steps {shape.steps}"
         ] += 1
-        if (
-            shape.num_decode == mb
-            and not shape.num_chunks
-            and shape.steps == args.decode_steps
-            and len(plan.decode) > mb // 4
-        ):
-            full_step.setdefault("args", engine._step_args(shape, plan))
+        if shape.num_decode == mb and not shape.num_chunks and len(plan.decode) > mb // 4:
+            full_step.setdefault(shape.steps, engine._step_args(shape, plan))
         return r
 
     engine._call = dispatch
@@ -104,39 +112,62 @@ def main(argv=None) -> None:
         return r
 
     engine._read = read_tokens
-    trace = sb.make_trace(
-        np.random.default_rng(0), args.requests, 100.0, lengths, config.vocab_size
-    )
-    t0 = time.perf_counter()
-    summary, _, _ = sb.run_engine(engine, trace, "engine")
-    wall = time.perf_counter() - t0
-    steps = sum(shapes.values())
-    print(
-        f"{summary['throughput_tokens_per_s']:.0f} tokens/s, time between tokens p50 "
-        f"{summary['tbt_p50_ms']:.2f} ms; {steps} dispatches, {1e3 * wall / steps:.3f} ms each"
-    )
-    for name, seconds in host.items():
-        print(f"  {name:26s} {1e3 * seconds / steps:7.3f} ms a dispatch")
-    for name, n in sorted(shapes.items()):
-        print(f"  {name}: {n} dispatches")
-    if "args" in full_step:
-        static, shape, params, _, previous, ints, floats = full_step["args"]
-        step = engine_module._device_step
-        if shape.steps > 1:
-            step = engine_module._device_decode_steps
+    rows = []
+    for rnd in range(args.rounds):
+        for k in args.decode_steps:
+            engine.scheduler.decode_steps = k
+            host.clear()
+            shapes.clear()
+            trace = sb.make_trace(
+                np.random.default_rng(0), args.requests, 100.0, lengths, config.vocab_size
+            )
+            t0 = time.perf_counter()
+            summary, _, _ = sb.run_engine(engine, trace, "engine")
+            wall = time.perf_counter() - t0
+            n = sum(shapes.values())
+            print(
+                f"round {rnd}, decode_steps {k}: {summary['throughput_tokens_per_s']:.0f} "
+                f"tokens/s, TPOT p50 {summary['tpot_p50_ms']:.2f} ms, TBT p50 "
+                f"{summary['tbt_p50_ms']:.2f} ms; {n} dispatches, {1e3 * wall / n:.3f} ms each"
+            )
+            for name, seconds in host.items():
+                print(f"  {name:26s} {1e3 * seconds / n:7.3f} ms a dispatch")
+            for name, count in sorted(shapes.items()):
+                print(f"  {name}: {count} dispatches")
+            rows.append(
+                dict(
+                    round=rnd,
+                    decode_steps=k,
+                    dispatches=n,
+                    host_ms_per_dispatch={name: 1e3 * v / n for name, v in host.items()},
+                    **summary,
+                )
+            )
+    replays = {}
+    for steps, (static, shape, params, _, previous, ints, floats) in sorted(full_step.items()):
+        step = engine_module._device_step if steps == 1 else engine_module._device_decode_steps
         kv = engine._kv
         for i in range(3 + args.replays):
             if i == 3:
                 jax.block_until_ready(kv)
                 t = time.perf_counter()
-            *outs, kv = step(static, shape, params, kv, previous, ints, floats)
+            *_, kv = step(static, shape, params, kv, previous, ints, floats)
         jax.block_until_ready(kv)
         engine._kv = kv
         ms = 1e3 * (time.perf_counter() - t) / args.replays
+        replays[steps] = ms
         print(
-            f"  a dispatch of {shape.steps} {mb}-row decode step(s) replayed alone: {ms:.3f} ms "
-            f"({ms / shape.steps:.3f} ms a step)"
+            f"a dispatch of up to {steps} {mb}-row decode step(s) replayed alone: {ms:.3f} ms "
+            f"({ms / steps:.3f} ms a step if every row takes {steps})"
         )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                dict(device=device, jax=jax.__version__, args=vars(args) | dict(json=None),
+                     rounds=rows, replayed_dispatch_ms=replays),
+                f,
+                indent=1,
+            )  # fmt: skip
 
 
 if __name__ == "__main__":
