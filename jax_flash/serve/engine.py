@@ -573,33 +573,40 @@ class Engine:
         floats = np.zeros((3, R), np.float32)
         floats[1] = 1.0  # top_p of padding rows
 
-        def place(row, r, places, start, count):
-            pos = np.arange(start, start + count)
-            positions[places] = pos
-            pages = np.asarray(r.pages, np.int32)
-            slots[places] = pages[pos // P] * P + pos % P
+        def row_fields(row, r, kv_len, draw_index):
+            """The row's block table, cache length after the step, and sampling parameters
+            for its token number ``draw_index``."""
             tables[row, : len(r.pages)] = r.pages
-            kv_lens[row] = start + count
+            kv_lens[row] = kv_len
             s = r.sampling
-            top_k[row], seeds[row] = s.top_k, s.seed
-            index[row] = len(r.output) + r.pending - 1  # the token this row draws
+            top_k[row], seeds[row], index[row] = s.top_k, s.seed, draw_index
             floats[:, row] = s.temperature, s.top_p, s.min_p
 
         counts = plan.counts or [1] * len(plan.decode)
         for i, ((r, src), n) in enumerate(zip(plan.decode, counts, strict=True)):
             # The scheduler counted the row's n tokens as cached and pending: it feeds
-            # positions start .. start + n - 1 and draws tokens index .. index + n - 1.
+            # positions start .. start + n - 1 and draws tokens index .. index + n - 1. Plain
+            # scalars, not arrays: a step packs up to max_batch of these rows.
             start = r.num_cached - n
-            place(i, r, np.array([i]), start, 1)
-            index[i] -= n - 1
+            positions[i] = start
+            slots[i] = r.pages[start // P] * P + start % P
+            row_fields(i, r, start + 1, len(r.output) + r.pending - n)
             if src >= 0:
                 source[i] = src
             else:
                 tokens[i] = r.token(start)
         for j, (r, start, n) in enumerate(plan.chunks):
             places = d + j * C + C - n + np.arange(n)
-            tokens[places] = [r.token(t) for t in range(start, start + n)]
-            place(d + j, r, places, start, n)
+            end = start + n  # prompt tokens (a recomputed request's outputs come after)
+            tokens[places] = (
+                r.prompt[start:end]
+                if end <= len(r.prompt)
+                else [r.token(t) for t in range(start, end)]
+            )
+            pos = np.arange(start, end)
+            positions[places] = pos
+            slots[places] = np.asarray(r.pages, np.int32)[pos // P] * P + pos % P
+            row_fields(d + j, r, end, len(r.output) + r.pending - 1)
         fields = [tokens, source, positions, slots, tables.ravel(), kv_lens, top_k, seeds, index]
         if shape.steps > 1:
             fields.append(np.zeros(d, np.int32))
