@@ -442,3 +442,49 @@ def test_mixed_trace_with_shared_prefixes_and_preemption(model, seed, reserve, d
     check_against_generate(model, drive(engine, arrivals))
     assert engine.stats.prefix_hit_tokens > 0
     assert most_steps[0] == decode_steps
+
+
+def test_decode_steps_take_pages_ahead_or_fall_back_to_one():
+    """The scheduler alone (no model): decode rows of a step without prompt chunks draw up to
+    `decode_steps` tokens, no more than their requests may still draw, with the pages for the
+    tokens they cache taken before the step; when the pool cannot hold those pages, every row
+    takes one step (no row preempts another for tokens ahead)."""
+    from jax_flash.serve.request import Request
+    from jax_flash.serve.scheduler import Scheduler
+
+    def running(pool_pages, max_new):
+        pool = PagePool(pool_pages)
+        s = Scheduler(pool, 4, max_batch=4, max_prefill_rows=1, prefill_chunk=8,
+                      reserve_tokens=0, decode_steps=4)  # fmt: skip
+        reqs = [
+            Request(i, [1, 2, 3], m, frozenset(), SamplingParams(), 0.0)
+            for i, m in enumerate(max_new)
+        ]
+        for r in reqs:
+            s.add(r)
+        plan = s.schedule({})  # the prompts: one chunk step each
+        while plan.chunks:
+            for r in plan.draws:  # the host reads each prompt's first token
+                if r is not None:
+                    r.pending -= 1
+                    r.output.append(7)
+            plan = s.schedule({})
+        return s, pool, reqs, plan
+
+    # Pages of 4 tokens. The prompts ran one chunk a step, the decode rows beside them one
+    # step each; now rows 0 and 1 decode alone (request 2 drew its only token).
+    s, pool, reqs, plan = running(64, (10, 5, 1))
+    assert [r.id for r, _ in plan.decode] == [0, 1]
+    left = [r.max_new_tokens - len(r.output) for r in reqs[:2]]
+    assert plan.steps == 4 and plan.counts == [min(4, n) for n in left]
+    for r, n in zip(reqs[:2], plan.counts, strict=True):
+        assert r.pending == n
+        assert len(r.pages) == -(-r.num_cached // 4)  # pages for every position it feeds
+    s.check()
+
+    # A pool of just the pages the requests hold (page 0 is the null page): one step.
+    s, pool, reqs, plan = running(1 + 3 * 2, (10, 10, 10))
+    assert plan.decode and not plan.chunks
+    assert plan.steps == 1 and plan.counts == []
+    assert [r.pending for r in reqs] == [1, 1, 1]
+    s.check()
