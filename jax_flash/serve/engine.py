@@ -170,16 +170,25 @@ def _place(parallel, out, kv):
     return _pinned(parallel, out, kv)
 
 
+def _merged_model(static: _Model, params):
+    # The parameters come as a flat list, which jit flattens quicker than an nnx.State.
+    return nnx.merge(static.graphdef, jax.tree.unflatten(static.state_def, params))
+
+
+def _decode_fed(f, previous, d: int):
+    """The token each of the ``d`` decode rows feeds: the previous step's output row
+    ``source`` drew it, or (source -1) the host packed it."""
+    return jnp.where(f["source"] >= 0, previous[jnp.maximum(f["source"], 0)], f["tokens"][:d])
+
+
 @functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
 def _device_step(static: _Model, shape: _Shape, params, kv, previous, ints, floats):
-    # The parameters come as a flat list, which jit flattens quicker than an nnx.State.
-    model = nnx.merge(static.graphdef, jax.tree.unflatten(static.state_def, params))
+    model = _merged_model(static, params)
     f = _unpack(shape, ints, floats)
     d = shape.num_decode
     tokens = f["tokens"]
     if d:
-        fed = jnp.where(f["source"] >= 0, previous[jnp.maximum(f["source"], 0)], tokens[:d])
-        tokens = tokens.at[:d].set(fed)
+        tokens = tokens.at[:d].set(_decode_fed(f, previous, d))
     batch = Mixed(f["block_tables"], f["kv_lens"], f["slots"], d, shape.chunk)
     h, kv = model.forward(tokens, f["positions"], kv, batch)
     logits = model.logits(h[batch.last_tokens()])
@@ -196,12 +205,12 @@ def _device_decode_steps(static: _Model, shape: _Shape, params, kv, previous, in
     cache slot and its tokens mean nothing. Returns each row's last counted token (the
     ``previous`` of the next dispatch), every step's tokens ``[steps, out_rows]`` and the
     pools."""
-    model = nnx.merge(static.graphdef, jax.tree.unflatten(static.state_def, params))
+    model = _merged_model(static, params)
     f = _unpack(shape, ints, floats)
     d, P = shape.num_decode, shape.page_size
     rows = jnp.arange(d)
     counts, start, tables = f["counts"], f["positions"], f["block_tables"]
-    fed = jnp.where(f["source"] >= 0, previous[jnp.maximum(f["source"], 0)], f["tokens"])
+    fed = _decode_fed(f, previous, d)
     impl = getattr(model, "attention_impl", None)
 
     def step(i, carry):
