@@ -357,12 +357,45 @@ struct FlashBwdVisits {
   int m_first, per_head, items;
 };
 
-// Fills *out for key tile `tile` (a whole warp, as flash_find_key_tile). False past the last
-// key tile, or when no query tile sees its keys.
+// The key tile (flash_find_key_tile's numbering: sequence by sequence) that CTA `cta` of a
+// kv head computes. When every sequence has the same number of key tiles (dense calls), the
+// CTAs take every sequence's key block 0, then every sequence's key block 1, ...: under a
+// causal mask block 0 is the longest (it sees every query tile), so the longest CTAs start in
+// the first waves instead of the last group's in the last one (tools/bwd_schedule_sim.py). A
+// key block's turn-order predecessor (block n - 1 of its sequence) still starts before it.
+// Otherwise (varlen) the numbering itself. A whole warp.
+__device__ __forceinline__ int64_t flash_bwd_cta_tile(const FlashParams& p, int32_t block_n,
+                                                      int64_t cta) {
+  const int lane = threadIdx.x & 31;
+  uint32_t lo = 0xffffffffu, hi = 0;
+  for (int base = 0; base < p.batch; base += 32) {
+    if (base + lane < p.batch) {
+      // flash_seq_extent_at's k_len, without its q loads.
+      const int32_t ks = clamp_i32(__ldg(p.k_starts + base + lane), 0, p.total_k);
+      const int32_t k_len = clamp_i32(__ldg(p.k_ends + base + lane), ks, p.total_k) - ks;
+      const uint32_t n = (static_cast<uint32_t>(k_len) + block_n - 1) / block_n;
+      lo = min(lo, n);
+      hi = max(hi, n);
+    }
+  }
+  lo = __reduce_min_sync(0xffffffffu, lo);
+  hi = __reduce_max_sync(0xffffffffu, hi);
+  if (lo != hi || lo == 0 || cta >= static_cast<int64_t>(p.batch) * lo) return cta;
+  // 32-bit division (cta < batch * lo < 2^31, a grid dimension): a 64-bit one is a call, and
+  // the registers it clobbers spill in every kernel variant.
+  const uint32_t c = static_cast<uint32_t>(cta), nb = static_cast<uint32_t>(p.batch);
+  return static_cast<int64_t>(c % nb) * lo + c / nb;
+}
+
+// Fills *out for CTA `cta`'s key tile (a whole warp, as flash_find_key_tile): with
+// kLongestFirst flash_bwd_cta_tile's order, else the numbering itself. False past the last key
+// tile, or when no query tile sees its keys.
+template <bool kLongestFirst = false>
 __device__ __forceinline__ bool flash_bwd_find_visits(const FlashParams& p, int32_t block_n,
-                                                      int32_t block_m, int64_t tile,
+                                                      int32_t block_m, int64_t cta,
                                                       FlashBwdVisits* out) {
   FlashKeyTile kt;
+  const int64_t tile = kLongestFirst ? flash_bwd_cta_tile(p, block_n, cta) : cta;
   if (!flash_find_key_tile(p, block_n, block_m, tile, &kt)) return false;
   const int q_len = kt.ext.q_len, k_len = kt.ext.k_len;
   const int num_m = flash_num_q_tiles(kt.ext, block_m);
