@@ -26,7 +26,7 @@ token counts):
 The engine admits a request only while the pool can also hold the next ``--reserve-tokens``
 tokens of every running request (default: `Engine`'s; 0 admits on the known tokens alone), and
 runs up to ``--decode-steps`` decode steps in one dispatch where no prompt chunk is fed
-(default 1: `Engine`'s ``decode_steps``).
+(default: `Engine`'s ``decode_steps``, 4).
 
 - engine: requests are added as the wall clock reaches their arrival times, and the engine
   steps (compiled beforehand by ``Engine.warmup``). Time to first token (TTFT) = the host
@@ -75,7 +75,7 @@ from jax_flash.models import LlamaForCausalLM, generate  # noqa: E402
 from jax_flash.nn import MIN_DECODE_ROWS, pages_needed  # noqa: E402
 from jax_flash.serve import Engine  # noqa: E402
 from jax_flash.serve.engine import _device_decode_steps, _device_step, _unpack  # noqa: E402
-from jax_flash.serve.scheduler import RESERVE_TOKENS  # noqa: E402
+from jax_flash.serve.scheduler import DECODE_STEPS, RESERVE_TOKENS  # noqa: E402
 
 
 def random_model(config, seed=0):
@@ -386,7 +386,7 @@ def main():
     parser.add_argument("--max-batch", type=int)
     parser.add_argument("--prefill-chunk", type=int)
     parser.add_argument("--reserve-tokens", type=int, default=RESERVE_TOKENS)
-    parser.add_argument("--decode-steps", type=int, default=1)
+    parser.add_argument("--decode-steps", type=int, default=DECODE_STEPS)
     parser.add_argument("--decode-context", type=int)
     parser.add_argument("--decode-tokens", type=int)
     parser.add_argument("--replay-steps", type=int, default=200)

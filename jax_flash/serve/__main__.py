@@ -51,10 +51,9 @@ def main(argv=None):
     parser.add_argument(
         "--decode-steps",
         type=int,
-        default=1,
         metavar="K",
         help="decode steps one device call may run where no prompt chunk is fed (tokens then "
-        "stream in bursts of up to K)",
+        "stream in bursts of up to K; default: the Engine's)",
     )
     parser.add_argument(
         "--tensor-parallel",
@@ -76,7 +75,7 @@ def main(argv=None):
     from ..models import load_hf_checkpoint, load_tokenizer, shard_model
     from .engine import Engine
     from .http import make_app
-    from .scheduler import RESERVE_TOKENS
+    from .scheduler import DECODE_STEPS, RESERVE_TOKENS
 
     try:  # before the weights load: a wrong device count fails at once
         mesh = tensor_parallel_mesh(args.tensor_parallel)
@@ -97,7 +96,7 @@ def main(argv=None):
         prefill_chunk=args.prefill_chunk,
         max_seq_len=args.max_seq_len,
         reserve_tokens=RESERVE_TOKENS if args.reserve_tokens is None else args.reserve_tokens,
-        decode_steps=args.decode_steps,
+        decode_steps=DECODE_STEPS if args.decode_steps is None else args.decode_steps,
     )
     name = os.path.basename(os.path.normpath(args.checkpoint))
     app = make_app(engine, tokenizer=load_tokenizer(args.checkpoint), model_name=name)

@@ -43,7 +43,7 @@ from ..ops.kv_cache import copy_pages
 from ..ops.sampling import argmax_tokens, sample
 from .pages import PagePool
 from .request import Request, SamplingParams, Status
-from .scheduler import RESERVE_TOKENS, Scheduler, StepPlan
+from .scheduler import DECODE_STEPS, RESERVE_TOKENS, Scheduler, StepPlan
 
 
 @dataclasses.dataclass
@@ -227,10 +227,11 @@ def _device_decode_steps(static: _Model, shape: _Shape, params, kv, previous, in
         drawn = _draw(logits, dict(f, index=f["index"] + i), shape.greedy, impl)
         return drawn, kv, drawn_all.at[i].set(drawn)
 
-    # As many steps as the longest count (at most shape.steps, the static bound that sizes
-    # the token buffer): one executable per decode bucket, whatever the counts.
+    # Always shape.steps steps (rows past their counts write nothing): a trip count the device
+    # computes makes the GPU loop copy its predicate to the host each step, which blocks the
+    # dispatch until the loop ends and so loses the host's overlap with the device.
     drawn_all = jnp.zeros((shape.steps, d), jnp.int32)
-    _, kv, drawn_all = jax.lax.fori_loop(0, jnp.max(counts), step, (fed, kv, drawn_all))
+    _, kv, drawn_all = jax.lax.fori_loop(0, shape.steps, step, (fed, kv, drawn_all))
     last = drawn_all[jnp.maximum(counts - 1, 0), rows]
     out = jnp.full((shape.out_rows,), -1, jnp.int32).at[:d].set(jnp.where(counts > 0, last, -1))
     every = jnp.full((shape.steps, shape.out_rows), -1, jnp.int32).at[:, :d].set(drawn_all)
@@ -276,10 +277,11 @@ class Engine:
         included (`Scheduler`). 0 admits on the known tokens alone, which fills the pool to its
         last page and preempts as soon as its requests grow; requests that grow past their
         reserves are still preempted when the pool runs dry.
-    decode_steps : decode steps one dispatch may run (default 1). With more, a step that has
-        no prompt chunk to feed runs up to this many decode steps on the device in one call
-        (each row as many as its request may still draw, the pages for them taken at once;
-        one step when the pool cannot hold them), and the host reads their tokens together:
+    decode_steps : decode steps one dispatch may run (default 4; 1 for one token a step). A
+        step that has no prompt chunk to feed runs up to this many decode steps on the device
+        in one call (each row as many as its request may still draw, the pages for them taken
+        at once; one step when the pool cannot hold them), and the host reads their tokens
+        together:
         the host's planning, packing and dispatch are paid once for several tokens, the
         tokens of a request arrive in bursts, and a request that stops early has its further
         tokens of the burst dropped. A waiting request is admitted at the next dispatch.
@@ -319,7 +321,7 @@ class Engine:
         max_seq_len: int | None = None,
         decode_buckets: Sequence[int] | None = None,
         reserve_tokens: int = RESERVE_TOKENS,
-        decode_steps: int = 1,
+        decode_steps: int = DECODE_STEPS,
     ):
         for name, v in (
             ("num_pages", num_pages),
