@@ -74,7 +74,7 @@ from jax_flash.bench import device as bench_device  # noqa: E402
 from jax_flash.models import LlamaForCausalLM, generate  # noqa: E402
 from jax_flash.nn import MIN_DECODE_ROWS, pages_needed  # noqa: E402
 from jax_flash.serve import Engine  # noqa: E402
-from jax_flash.serve.engine import _device_decode_steps, _device_step, _unpack  # noqa: E402
+from jax_flash.serve.device_step import run_decode_steps, run_step, unpack_inputs  # noqa: E402
 from jax_flash.serve.scheduler import DECODE_STEPS, RESERVE_TOKENS  # noqa: E402
 
 
@@ -303,9 +303,9 @@ def measure_decode(model, engine, args):
     shape, ints, floats = captured["shape"], captured["ints"], captured["floats"]
     R = shape.rows
     # A dispatch of several decode steps draws its row's count of tokens.
-    step, per_dispatch = _device_step, 1
+    step, per_dispatch = run_step, 1
     if shape.steps > 1:
-        step, per_dispatch = _device_decode_steps, int(_unpack(shape, ints, floats)["counts"][0])
+        step, per_dispatch = run_decode_steps, int(unpack_inputs(shape, ints, floats)["counts"][0])
     for label, temperature in (("greedy", 0.0), ("sampling", 1.0)):
         shape = dataclasses.replace(shape, greedy=temperature == 0)
         f = floats.copy()

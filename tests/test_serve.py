@@ -17,7 +17,7 @@ nnx = pytest.importorskip("flax.nnx")
 
 from jax_flash.models import LlamaConfig, LlamaForCausalLM, generate  # noqa: E402
 from jax_flash.serve import Engine, PagePool, SamplingParams, Status  # noqa: E402
-from jax_flash.serve.engine import _device_decode_steps, _device_step  # noqa: E402
+from jax_flash.serve.device_step import run_decode_steps, run_step  # noqa: E402
 
 CONFIG = LlamaConfig(
     vocab_size=97,
@@ -297,10 +297,10 @@ def test_warm_steps_do_not_recompile(model):
     )
     trace = [[dict(prompt_tokens=p, max_new_tokens=4)] for p in prompts(rng, (9, 3, 12))]
     drive(engine, trace)
-    compiled = _device_step._cache_size(), _device_decode_steps._cache_size()
+    compiled = run_step._cache_size(), run_decode_steps._cache_size()
     trace = [[dict(prompt_tokens=p, max_new_tokens=5)] for p in prompts(rng, (7, 2, 10))]
     check_against_generate(model, drive(engine, trace))
-    assert (_device_step._cache_size(), _device_decode_steps._cache_size()) == compiled
+    assert (run_step._cache_size(), run_decode_steps._cache_size()) == compiled
 
 
 def test_abort_releases_pages(model):

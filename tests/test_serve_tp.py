@@ -18,7 +18,7 @@ nnx = pytest.importorskip("flax.nnx")
 
 from jax_flash.models import LlamaConfig, LlamaForCausalLM, shard_model  # noqa: E402
 from jax_flash.serve import Engine, SamplingParams  # noqa: E402
-from jax_flash.serve.engine import _copy_pages, _device_step  # noqa: E402
+from jax_flash.serve.device_step import copy_cache_pages, run_step  # noqa: E402
 from jax_flash.serve.scheduler import StepPlan  # noqa: E402
 
 from _util import run_on_host_devices  # noqa: E402
@@ -92,7 +92,7 @@ def _serve(model):
         return shape
 
     engine.scheduler.schedule, engine._shape = counting, recording
-    compiled = _device_step._cache_size()
+    compiled = run_step._cache_size()
     arrivals, ids, pages, k = _trace(), [], [], 0
     while k < len(arrivals) or engine.has_unfinished():
         ids += [engine.add_request(**spec) for spec in (arrivals[k] if k < len(arrivals) else ())]
@@ -101,7 +101,7 @@ def _serve(model):
         pages.append((engine.pool.num_used, engine.pool.num_available))
         k += 1
         assert k < 300, "the engine does not finish"
-    assert _device_step._cache_size() - compiled <= len(shapes)
+    assert run_step._cache_size() - compiled <= len(shapes)
     tokens = [engine.request(i).output for i in ids]
     return engine, tokens, pages, engine.stats, len(copies)
 
@@ -159,7 +159,7 @@ def test_sharded_step_gathers_no_pool(model, greedy):
     engine = Engine(shard_model(model, _mesh(DEVICES)), **ENGINE)
     shape = engine._shape(3, 1, greedy)
     args = engine._step_args(shape, StepPlan([], [], []))
-    compiled = _device_step.lower(*args).compile()
+    compiled = run_step.lower(*args).compile()
     c = CONFIG
     needed = [("all-reduce", f"f32[{shape.tokens},{c.hidden_size}]")] * (
         1 + 2 * c.num_hidden_layers
@@ -171,7 +171,7 @@ def test_sharded_step_gathers_no_pool(model, greedy):
     assert all(s.spec[2] == "tensor" for s in jax.tree.leaves(pool_shardings))
 
     ids = engine._to_device(np.array([1, -1, -1], np.int32))
-    copy = _copy_pages.lower(None, engine.parallel, engine._kv, ids, ids + 1).compile()
+    copy = copy_cache_pages.lower(None, engine.parallel, engine._kv, ids, ids + 1).compile()
     assert _collectives(copy.as_text()) == []
     assert all(s.spec[2] == "tensor" for s in jax.tree.leaves(copy.output_shardings))
 

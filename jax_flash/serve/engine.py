@@ -7,7 +7,7 @@ the device runs step ``k + 1`` while the host reads step ``k``'s tokens, checks 
 plans: a decode row feeds its previous token straight from the previous step's output on the
 device. A request that stops at step ``k`` has already been given a row in step ``k + 1``;
 that row's token is dropped. With ``decode_steps`` > 1, a dispatch without prompt chunks runs
-several decode steps in one device loop (`_device_decode_steps`), so that the host's share of
+several decode steps in one device loop (`run_decode_steps`), so that the host's share of
 a step is paid once for several tokens.
 
 Shapes are static: decode rows and chunk rows are padded to buckets (powers of two up to
@@ -27,9 +27,7 @@ step and no step gathers them.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
-import weakref
 from collections.abc import Iterable, Mapping, Sequence
 
 import jax
@@ -38,9 +36,15 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ..nn import MIN_DECODE_ROWS, Mixed
-from ..ops.kv_cache import copy_pages
-from ..ops.sampling import argmax_tokens, sample
+from ..nn import MIN_DECODE_ROWS
+from .device_step import (
+    StepShape,
+    copy_cache_pages,
+    model_static,
+    place_like_step,
+    run_decode_steps,
+    run_step,
+)
 from .pages import PagePool
 from .request import Request, SamplingParams, Status
 from .scheduler import DECODE_STEPS, RESERVE_TOKENS, Scheduler, StepPlan
@@ -54,198 +58,6 @@ class StepOutput:
 
     tokens: dict[int, list[int]]
     finished: dict[int, str]
-
-
-@dataclasses.dataclass(frozen=True)
-class _Shape:
-    """Static shape of one device step."""
-
-    num_decode: int
-    num_chunks: int
-    chunk: int
-    max_pages: int  # block-table columns
-    out_rows: int  # rows of every step's output (the next step reads it by row)
-    greedy: bool  # every row greedy: argmax, no sampling kernel (static: no device branch)
-    steps: int = 1  # decode steps in one dispatch (decode rows only when > 1)
-    page_size: int = 0  # for the cache slots of steps past the first (steps > 1)
-
-    @property
-    def rows(self) -> int:
-        return self.num_decode + self.num_chunks
-
-    @property
-    def tokens(self) -> int:
-        return self.num_decode + self.num_chunks * self.chunk
-
-    def int_fields(self):
-        """(name, size) of the fields packed in the step's int32 input, in order."""
-        T, R, d = self.tokens, self.rows, self.num_decode
-        return (
-            ("tokens", T),
-            ("source", d),
-            ("positions", T),
-            ("slots", T),
-            ("block_tables", R * self.max_pages),
-            ("kv_lens", R),
-            ("top_k", R),
-            ("seeds", R),
-            ("index", R),
-        ) + ((("counts", d),) if self.steps > 1 else ())
-
-
-_FLOAT_FIELDS = ("temperature", "top_p", "min_p")
-
-
-def _unpack(shape: _Shape, ints, floats) -> dict:
-    out, at = {}, 0
-    for name, size in shape.int_fields():
-        out[name] = ints[at : at + size]
-        at += size
-    out["block_tables"] = out["block_tables"].reshape(shape.rows, shape.max_pages)
-    R = shape.rows
-    for i, name in enumerate(_FLOAT_FIELDS):
-        out[name] = floats[i * R : (i + 1) * R]
-    return out
-
-
-def _draw(logits, f, greedy: bool, impl):
-    """One token per row: argmax when every row is greedy (``greedy``), else each row alone
-    with its own key, as `generate` draws for a lone prompt."""
-    if greedy:
-        return argmax_tokens(logits)
-
-    def one(row, seed, index, temperature, top_k, top_p, min_p):
-        key = jax.random.fold_in(jax.random.key(seed), index)
-        return sample(
-            row[None],
-            key,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            min_p=min_p,
-            implementation=impl,
-        )[0]
-
-    args = (f["seeds"], f["index"], f["temperature"], f["top_k"], f["top_p"], f["min_p"])
-    return jax.vmap(one)(logits, *args)
-
-
-class _Model:
-    """The model's graph definition and parameter tree as one static argument of the jitted
-    step, hashed by identity: an nnx GraphDef hashes its whole structure, milliseconds for a
-    16-layer model, which a step per token cannot pay. Interned (`_model_static`), so the
-    engines of one model share their compiled steps."""
-
-    __slots__ = ("graphdef", "state_def", "__weakref__")
-
-    def __init__(self, graphdef, state_def):
-        self.graphdef, self.state_def = graphdef, state_def
-
-
-_MODELS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-
-
-def _model_static(graphdef, state_def) -> _Model:
-    key = (graphdef, state_def)
-    static = _MODELS.get(key)
-    if static is None:
-        static = _MODELS[key] = _Model(graphdef, state_def)
-    return static
-
-
-def _pinned(parallel, out, kv):
-    """The step's outputs in the layouts its inputs came in, for a tensor-parallel model: the
-    tokens replicated (the next step and the host read them whole), the pools split by KV
-    heads (donated back in by the next step); unchanged on one device."""
-    if parallel is None:
-        return out, kv
-    return parallel.constrain(out), jax.tree.map(parallel.heads, kv)
-
-
-@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
-def _place(parallel, out, kv):
-    """A new engine's previous-step tokens and pools in the layouts a step returns, as the
-    step's own outputs spell them: jit caches an executable per input layout as written, so
-    an equal layout spelled otherwise (``P(None)`` for ``P()``) would compile the step again."""
-    return _pinned(parallel, out, kv)
-
-
-def _merged_model(static: _Model, params):
-    # The parameters come as a flat list, which jit flattens quicker than an nnx.State.
-    return nnx.merge(static.graphdef, jax.tree.unflatten(static.state_def, params))
-
-
-def _decode_fed(f, previous, d: int):
-    """The token each of the ``d`` decode rows feeds: the previous step's output row
-    ``source`` drew it, or (source -1) the host packed it."""
-    return jnp.where(f["source"] >= 0, previous[jnp.maximum(f["source"], 0)], f["tokens"][:d])
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
-def _device_step(static: _Model, shape: _Shape, params, kv, previous, ints, floats):
-    model = _merged_model(static, params)
-    f = _unpack(shape, ints, floats)
-    d = shape.num_decode
-    tokens = f["tokens"]
-    if d:
-        tokens = tokens.at[:d].set(_decode_fed(f, previous, d))
-    batch = Mixed(f["block_tables"], f["kv_lens"], f["slots"], d, shape.chunk)
-    h, kv = model.forward(tokens, f["positions"], kv, batch)
-    logits = model.logits(h[batch.last_tokens()])
-    drawn = _draw(logits, f, shape.greedy, getattr(model, "attention_impl", None))
-    out = jnp.full((shape.out_rows,), -1, jnp.int32).at[: shape.rows].set(drawn)
-    return _pinned(getattr(model, "parallel", None), out, kv)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
-def _device_decode_steps(static: _Model, shape: _Shape, params, kv, previous, ints, floats):
-    """``shape.steps`` decode steps of the decode rows in one dispatch: step ``i`` feeds the
-    token step ``i - 1`` drew (step 0: as `_device_step` does) at position ``start + i`` and
-    draws the next, for the rows whose ``counts`` exceed ``i``; past its count a row writes no
-    cache slot and its tokens mean nothing. Returns each row's last counted token (the
-    ``previous`` of the next dispatch), every step's tokens ``[steps, out_rows]`` and the
-    pools."""
-    model = _merged_model(static, params)
-    f = _unpack(shape, ints, floats)
-    d, P = shape.num_decode, shape.page_size
-    rows = jnp.arange(d)
-    counts, start, tables = f["counts"], f["positions"], f["block_tables"]
-    fed = _decode_fed(f, previous, d)
-    impl = getattr(model, "attention_impl", None)
-
-    def step(i, carry):
-        tokens, kv, drawn_all = carry
-        pos = start + i
-        counted = i < counts
-        slots = jnp.where(counted, tables[rows, pos // P] * P + pos % P, -1)
-        # A row past its count attends its counted tokens only (no page beyond them is its).
-        kv_lens = jnp.where(counts > 0, start + jnp.minimum(i, counts - 1) + 1, 0)
-        batch = Mixed(tables, kv_lens, slots, d, shape.chunk)
-        positions = jnp.where(counted, pos, start + jnp.maximum(counts - 1, 0))
-        h, kv = model.forward(tokens, positions, kv, batch)
-        logits = model.logits(h[batch.last_tokens()])
-        drawn = _draw(logits, dict(f, index=f["index"] + i), shape.greedy, impl)
-        return drawn, kv, drawn_all.at[i].set(drawn)
-
-    # Always shape.steps steps (rows past their counts write nothing): a trip count the device
-    # computes makes the GPU loop copy its predicate to the host each step, which blocks the
-    # dispatch until the loop ends and so loses the host's overlap with the device.
-    drawn_all = jnp.zeros((shape.steps, d), jnp.int32)
-    _, kv, drawn_all = jax.lax.fori_loop(0, shape.steps, step, (fed, kv, drawn_all))
-    last = drawn_all[jnp.maximum(counts - 1, 0), rows]
-    out = jnp.full((shape.out_rows,), -1, jnp.int32).at[:d].set(jnp.where(counts > 0, last, -1))
-    every = jnp.full((shape.steps, shape.out_rows), -1, jnp.int32).at[:, :d].set(drawn_all)
-    parallel = getattr(model, "parallel", None)
-    out, kv = _pinned(parallel, out, kv)
-    return out, every if parallel is None else parallel.constrain(every), kv
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(2,))
-def _copy_pages(impl, parallel, kv, src, dst):
-    """Copy pages ``src[i] -> dst[i]`` in every layer's cache (ids -1: padding, skipped); on
-    split pools each device copies its own KV heads (the op's partitioning rule)."""
-    kv = tuple(copy_pages(k, v, src, dst, implementation=impl) for k, v in kv)
-    return kv if parallel is None else jax.tree.map(parallel.heads, kv)
 
 
 def _buckets(limit: int) -> list[int]:
@@ -374,7 +186,7 @@ class Engine:
         self._out_rows = int(max_batch) + int(max_prefill_rows)
         graphdef, state = nnx.split(model)
         self._params, state_def = jax.tree.flatten(state)
-        self._model_static = _model_static(graphdef, state_def)
+        self._model_static = model_static(graphdef, state_def)
         # The tensor-parallel layout of a sharded model (None: one device). The pools come
         # from the model's init_cache, split by KV heads on its mesh when it has one.
         self.parallel = getattr(model, "parallel", None)
@@ -382,7 +194,7 @@ class Engine:
         self._kv = cache.layers()
         self._previous = self._to_device(np.full((self._out_rows,), -1, np.int32))
         if self.parallel is not None:
-            self._previous, self._kv = _place(self.parallel, self._previous, self._kv)
+            self._previous, self._kv = place_like_step(self.parallel, self._previous, self._kv)
         # The step dispatched last: its plan, its output and the output row of each plan row.
         self._in_flight: tuple[StepPlan, jax.Array, list[int]] | None = None
         self._requests: dict[int, Request] = {}
@@ -504,8 +316,8 @@ class Engine:
         jax.block_until_ready(self._kv)
         return time.perf_counter() - t0
 
-    def _shape(self, num_decode: int, num_chunks: int, greedy: bool, steps: int = 1) -> _Shape:
-        return _Shape(
+    def _shape(self, num_decode: int, num_chunks: int, greedy: bool, steps: int = 1) -> StepShape:
+        return StepShape(
             _bucket(num_decode, self._decode_buckets),
             _bucket(num_chunks, self._chunk_buckets),
             self.scheduler.prefill_chunk,
@@ -523,8 +335,8 @@ class Engine:
         # P(), not P(None, ...): one spelling for every step, so no step compiles twice.
         return jax.device_put(host, NamedSharding(self.parallel.mesh, PartitionSpec()))
 
-    def _step_args(self, shape: _Shape, plan: StepPlan) -> tuple:
-        """The arguments of `_device_step` for ``plan`` padded to ``shape``."""
+    def _step_args(self, shape: StepShape, plan: StepPlan) -> tuple:
+        """The arguments of `run_step` for ``plan`` padded to ``shape``."""
         ints, floats = self._pack(shape, plan)
         if self.parallel is not None:  # else jit's own transfer, as fast for one device
             ints, floats = self._to_device(ints), self._to_device(floats)
@@ -538,10 +350,10 @@ class Engine:
             floats,
         )
 
-    def _call(self, shape: _Shape, plan: StepPlan):
+    def _call(self, shape: StepShape, plan: StepPlan):
         """The step's outputs: (tokens, pools), or with ``shape.steps > 1`` (each row's last
         token, every step's tokens, pools)."""
-        step = _device_step if shape.steps == 1 else _device_decode_steps
+        step = run_step if shape.steps == 1 else run_decode_steps
         return step(*self._step_args(shape, plan))
 
     def _dispatch(self, plan: StepPlan) -> tuple[jax.Array, list[int]]:
@@ -552,7 +364,7 @@ class Engine:
             pairs[:, : len(plan.copies)] = np.asarray(plan.copies, np.int32).T
             impl = getattr(self.model, "attention_impl", None)
             src, dst = self._to_device(pairs[0]), self._to_device(pairs[1])
-            self._kv = _copy_pages(impl, self.parallel, self._kv, src, dst)
+            self._kv = copy_cache_pages(impl, self.parallel, self._kv, src, dst)
         greedy = all(r.sampling.greedy for r in plan.draws if r is not None)
         steps = self.scheduler.decode_steps if plan.steps > 1 else 1  # the compiled bound
         shape = self._shape(len(plan.decode), len(plan.chunks), greedy, steps)
@@ -570,8 +382,8 @@ class Engine:
         out_rows = list(range(len(plan.decode))) + [d + j for j in range(len(plan.chunks))]
         return out, out_rows
 
-    def _pack(self, shape: _Shape, plan: StepPlan) -> tuple[np.ndarray, np.ndarray]:
-        """The step's int32 and float32 inputs (`_Shape.int_fields`, `_FLOAT_FIELDS`)."""
+    def _pack(self, shape: StepShape, plan: StepPlan) -> tuple[np.ndarray, np.ndarray]:
+        """The step's int32 and float32 inputs (`StepShape.int_fields`, `FLOAT_FIELDS`)."""
         P, M = self.page_size, self._max_pages
         T, R, d, C = shape.tokens, shape.rows, shape.num_decode, shape.chunk
         tokens = np.zeros(T, np.int32)

@@ -29,7 +29,7 @@ import serve_bench as sb  # noqa: E402
 
 from jax_flash.nn import MIN_DECODE_ROWS  # noqa: E402
 from jax_flash.serve import Engine  # noqa: E402
-from jax_flash.serve import engine as engine_module  # noqa: E402
+from jax_flash.serve.device_step import run_decode_steps, run_step  # noqa: E402
 
 
 def main(argv=None) -> None:
@@ -145,7 +145,7 @@ def main(argv=None) -> None:
             )
     replays = {}
     for steps, (static, shape, params, _, previous, ints, floats) in sorted(full_step.items()):
-        step = engine_module._device_step if steps == 1 else engine_module._device_decode_steps
+        step = run_step if steps == 1 else run_decode_steps
         kv = engine._kv
         for i in range(3 + args.replays):
             if i == 3:
