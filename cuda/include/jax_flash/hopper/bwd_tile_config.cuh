@@ -52,6 +52,13 @@ struct HopperBwdTraits {
   // the staging's barrier idles the other (per warp there is no such barrier).
   template <bool kDeterministic>
   static constexpr bool kDqReduceTma = kHeadDim >= 128 || kDqReducePerWarp<kDeterministic>;
+  // The CTAs take every sequence's key block 0, then every block 1, ... (flash_bwd_cta_tile:
+  // longest first under a causal mask) rather than sequence by sequence. Measured on an H200
+  // (bf16, B4 S4k causal, 32/8 heads, fwd+bwd TFLOP/s, alternating with the plain order): fast
+  // head dim 128 449 -> 458, 64 322 -> 350; deterministic 64 242 -> 266, but 128 372 -> 366
+  // (and 433 -> 408 at B1 S16k, where it maps nothing: its scan's code costs that variant).
+  template <bool kDeterministic>
+  static constexpr bool kLongestFirst = !kDeterministic || kHeadDim == 64;
   // The dV GEMM issued before the dS stores and the dK GEMM after dQ's (fast mode: it runs
   // while dQ is staged for the reduce-add) or with dV (deterministic: both run while the CTA
   // waits for its dQ turn), rather than both after the dS stores. Measured on an H200 (bf16,

@@ -108,10 +108,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int kv_head = blockIdx.y;
   FlashBwdVisits v;
   // False past the last key tile, or when no query tile sees its keys (dk, dv then stay the
-  // launcher's zeros). Longest first in the fast mode only: on an H200 it gained 1.8% (D 128) and
-  // 8.7% (D 64) at causal 4 x 4k, while the deterministic variants lost ~5% to its code even
-  // where it maps nothing (batch 1) (benchmarks/results/NOTES-hopper-bwd.md).
-  if (!flash_bwd_find_visits<!kDeterministic>(f, BN, BM, blockIdx.x, &v)) return;
+  // launcher's zeros). The CTA's key tile in the order Tr::kLongestFirst picks.
+  constexpr bool kLongestFirst = Tr::template kLongestFirst<kDeterministic>;
+  if (!flash_bwd_find_visits<kLongestFirst>(f, BN, BM, blockIdx.x, &v)) return;
   const SeqExtent& e = v.kt.ext;
   auto visit = [&](int it, int* h, int* m) {
     flash_bwd_visit(v, kv_head, it, h, m);

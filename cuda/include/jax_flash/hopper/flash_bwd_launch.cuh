@@ -66,10 +66,10 @@ inline bool make_bwd_input_maps(const FlashBwdParams& p, const FlashBwdWorkspace
                                   ws_at.row_stride, rows_box);
 }
 
-// Both kernels' grid: x the key blocks of all sequences, y kv heads. The 128-wide kernel's fast
-// mode takes them in flash_bwd_cta_tile's order (every sequence's block n before any block n + 1
-// when all have as many); otherwise sequence by sequence, lowest first (the deterministic mode's
-// turn-order predecessors of a block are scheduled before it).
+// Both kernels' grid: x the key blocks of all sequences, y kv heads. The 128-wide kernel takes
+// them in flash_bwd_cta_tile's order where its traits say (kLongestFirst: every sequence's block
+// n before any block n + 1 when all have as many); otherwise sequence by sequence, lowest first.
+// Either way the deterministic mode's turn-order predecessors of a block start before it.
 inline dim3 bwd_grid(const FlashBwdParams& p, int block_n) {
   const int64_t tiles = tile_slots(p.fwd.total_k, p.fwd.batch, block_n);
   return dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.fwd.num_heads_k));
