@@ -14,7 +14,8 @@ Shapes are static: decode rows and chunk rows are padded to buckets (powers of t
 ``max_batch`` / ``max_prefill_rows``), chunks to ``prefill_chunk`` places, block tables to the
 pages of ``max_seq_len`` tokens, and every step's output to ``max_batch + max_prefill_rows``
 rows; so a run compiles at most two executables per (decode bucket, chunk bucket) pair: one
-for steps whose rows are all greedy (argmax) and one that samples.
+for steps whose rows are all greedy (argmax) and one that samples (and, with ``decode_steps`` >
+1, two more per decode bucket for the decode loop).
 
 A tensor-parallel model (`jax_flash.models.shard_model`) is served as it is: the engine reads
 its layout (``model.parallel``) and keeps every array it creates on the model's mesh, the cache
