@@ -8,6 +8,7 @@ A tiny float32 model (GQA 4:2, odd vocabulary) on the CPU kernels.
 """
 
 import os
+import re
 
 import jax
 import numpy as np
@@ -442,6 +443,20 @@ def test_mixed_trace_with_shared_prefixes_and_preemption(model, seed, reserve, d
     check_against_generate(model, drive(engine, arrivals))
     assert engine.stats.prefix_hit_tokens > 0
     assert most_steps[0] == decode_steps
+
+
+def test_decode_loop_has_a_static_trip_count(model):
+    """The decode loop runs its K steps as a trip count XLA knows when compiling: a count the
+    device computes makes the GPU loop copy its condition to the host every step, which blocks
+    the dispatch until the loop ends (docs/serving.md, "Several decode steps a dispatch")."""
+    from jax_flash.serve.scheduler import StepPlan
+
+    engine = Engine(model, num_pages=32, page_size=PAGE, max_batch=2, prefill_chunk=8,
+                    decode_steps=3)  # fmt: skip
+    shape = engine._shape(2, 0, True, 3)
+    hlo = run_decode_steps.lower(*engine._step_args(shape, StepPlan([], [], []))).compile()
+    loops = re.findall(r"\bwhile\(.*", hlo.as_text())
+    assert loops and all('"known_trip_count":{"n":"3"}' in loop for loop in loops), loops
 
 
 def test_decode_steps_take_pages_ahead_or_fall_back_to_one():
