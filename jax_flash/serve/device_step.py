@@ -64,10 +64,12 @@ class StepShape:
         ) + ((("counts", d),) if self.steps > 1 else ())
 
 
+# The float32 input's fields, ``shape.rows`` values each, in order.
 FLOAT_FIELDS = ("temperature", "top_p", "min_p")
 
 
 def unpack_inputs(shape: StepShape, ints, floats) -> dict:
+    """The step's fields by name from its packed int32 and float32 inputs (on the device)."""
     out, at = {}, 0
     for name, size in shape.int_fields():
         out[name] = ints[at : at + size]
@@ -117,6 +119,7 @@ _INTERNED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def model_static(graphdef, state_def) -> ModelStatic:
+    """The one `ModelStatic` of an equal (graphdef, state_def) while any engine holds it."""
     key = (graphdef, state_def)
     static = _INTERNED.get(key)
     if static is None:
