@@ -8,6 +8,7 @@ against the float32 reference.
     python tools/gpu/hopper_bwd_ab.py            # the issue's shapes (bf16, 32/8 heads, 4 x 4k)
     python tools/gpu/hopper_bwd_ab.py --kernels hopper --long   # Hopper only, + 1 x 16k causal
     python tools/gpu/hopper_bwd_ab.py --wide     # + head dim 256 (the 256-wide tile), 4 x 4k
+    python tools/gpu/hopper_bwd_ab.py --kernels hopper --sets wide padded   # the 256-wide tile only
 
 Per shape and kernel also the deterministic mode's cost against the fast mode and whether a
 second deterministic run is bit-identical to the first (it must be).
@@ -42,6 +43,11 @@ WIDE = [
     (4, 4096, 32, 8, 256, False),
     (2, 777, 8, 2, 256, True),
 ]
+# Head dims the 256-wide tile takes padded (D, Dv < 256), 4 x 4k causal: (..., head_dim, causal, Dv)
+PADDED = [
+    (4, 4096, 32, 8, 192, True, 128),
+    (4, 4096, 32, 8, 160, True, 160),
+]
 KERNELS = {"hopper": "hopper", "mma.sync": "mma"}  # name -> FlashBwdLaunch kernel
 
 
@@ -64,19 +70,26 @@ def main(argv=None) -> None:
     parser.add_argument("--kernels", nargs="+", choices=list(KERNELS), default=list(KERNELS))
     parser.add_argument("--long", action="store_true", help="also 1 x 16k causal")
     parser.add_argument("--wide", action="store_true", help="also head dim 256")
+    parser.add_argument(
+        "--sets", nargs="+", choices=["issue", "long", "wide", "padded"],
+        help="the shape sets to run (default: the issue's, and those --long / --wide add)",
+    )  # fmt: skip
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
     device = jax.devices()[0].device_kind
     print(device, flush=True)
     rows = []
-    shapes = SHAPES + (LONG if args.long else []) + (WIDE if args.wide else [])
-    for b, s, hq, hkv, d, causal in shapes:
+    sets = dict(issue=SHAPES, long=LONG, wide=WIDE, padded=PADDED)
+    names = args.sets or ["issue"] + ["long"] * args.long + ["wide"] * args.wide
+    shapes = [shape for name in names for shape in sets[name]]
+    for b, s, hq, hkv, d, causal, *rest in shapes:
+        dv = rest[0] if rest else d
         keys = jax.random.split(jax.random.key(s + d), 4)
         q = jax.random.normal(keys[0], (b, s, hq, d), jnp.bfloat16)
         k = jax.random.normal(keys[1], (b, s, hkv, d), jnp.bfloat16)
-        v = jax.random.normal(keys[2], (b, s, hkv, d), jnp.bfloat16)
-        do = jax.random.normal(keys[3], q.shape, jnp.bfloat16)
-        flops = 3.5 * 4 * b * hq * s * s * d * (0.5 if causal else 1.0)
+        v = jax.random.normal(keys[2], (b, s, hkv, dv), jnp.bfloat16)
+        do = jax.random.normal(keys[3], (b, s, hq, dv), jnp.bfloat16)
+        flops = 3.5 * 2 * b * hq * s * s * (d + dv) * (0.5 if causal else 1.0)
         ref = None
         if s <= 1024:
             f32 = [x.astype(jnp.float32) for x in (q, k, v, do)]
@@ -108,18 +121,19 @@ def main(argv=None) -> None:
                     line += f"  rerun {'bit-identical' if same else 'DIFFERS'}"
                 print(line, flush=True)
                 rows.append(
-                    dict(batch=b, seqlen=s, heads_q=hq, heads_kv=hkv, head_dim=d, causal=causal,
-                         kernel=name, deterministic=det, tflops=rate[det], rerun_identical=same
-                         if det else None)
+                    dict(batch=b, seqlen=s, heads_q=hq, heads_kv=hkv, head_dim=d, head_dim_v=dv,
+                         causal=causal, kernel=name, deterministic=det, tflops=rate[det],
+                         rerun_identical=same if det else None)
                 )  # fmt: skip
+        shape = f"B={b} S={s} H={hq}/{hkv} D={d}/{dv} causal={causal}"
         if len(args.kernels) == 2:
             diff = max(
                 _rel(a, c)
                 for a, c in zip(outs["hopper", False], outs["mma.sync", False], strict=True)
             )
-            print(f"B={b} S={s} H={hq}/{hkv} D={d} causal={causal}: hopper vs mma.sync {diff:.2e}")
+            print(f"{shape}: hopper vs mma.sync {diff:.2e}")
         else:
-            print(f"B={b} S={s} H={hq}/{hkv} D={d} causal={causal}")
+            print(shape)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(dict(device=device, jax=jax.__version__, rows=rows), fh, indent=1)
