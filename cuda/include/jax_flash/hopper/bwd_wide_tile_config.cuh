@@ -12,8 +12,10 @@
 //   dV += P^T dO, dK += dS^T Q (A MN-major from the tiles, M = the 64 keys; N = the warpgroup's
 //     128 columns of dO / Q, MN-major);
 //   dQ = dS K (A K-major, M = queries; N = the warpgroup's 128 columns, two 64-column GEMMs: 64
-//     floats), added to the float32 accumulator by per-thread atomics (a staging of 64 KB for a
-//     TMA reduce-add does not fit beside the rest).
+//     floats), added to the float32 accumulator by per-thread atomics (a staging of all 64 KB for
+//     TMA reduce-adds does not fit beside the rest; in fast mode at head dim 256 the second 64
+//     columns go by TMA, 2 KB a warp at a time, staged in the P / dS tiles the visit does not
+//     use).
 // Thread 0 issues the loads, all by TMA, as in the 128-wide kernel: K / V once, the Q / dO tiles
 // and lse / Delta rows a visit ahead.
 //

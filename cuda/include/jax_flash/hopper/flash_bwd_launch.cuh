@@ -110,7 +110,8 @@ cudaError_t run_flash_bwd_hopper(const FlashBwdParams& p, cudaStream_t stream) {
 }
 
 // Backward on the 256-wide kernel (flash_bwd_wide_kernel.cuh; head dims past 128), as
-// run_flash_attention_bwd_hopper. No dQ descriptor: its dQ goes by atomics.
+// run_flash_attention_bwd_hopper. Its dQ descriptor: boxes of 32 columns x 16 rows (a warp's
+// reduce-adds in fast mode).
 template <typename T>
 cudaError_t run_flash_bwd_hopper_wide(const FlashBwdParams& p, cudaStream_t stream) {
   using Tr = HopperBwdWideTraits;
@@ -118,7 +119,11 @@ cudaError_t run_flash_bwd_hopper_wide(const FlashBwdParams& p, cudaStream_t stre
   const FlashParams& f = p.fwd;
   const FlashBwdWorkspace ws_at = flash_bwd_workspace(p, Tr::kBlockM);
   BwdInputMaps in;
-  if (!make_bwd_input_maps(p, ws_at, Tr::kBlockM, Tr::kBlockN, Tr::kRowsBox, &in))
+  CUtensorMap tm_dq;
+  if (!make_bwd_input_maps(p, ws_at, Tr::kBlockM, Tr::kBlockN, Tr::kRowsBox, &in) ||
+      !make_tensor_map_3d(&tm_dq, ws_at.dq_accum, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4,
+                          f.head_dim, f.num_heads, f.total_q,
+                          static_cast<int64_t>(f.num_heads) * f.head_dim, 32, 16))
     return cudaErrorNotSupported;
   const bool padded = f.head_dim != Tr::kHeadDim || f.head_dim_v != Tr::kHeadDim;
   return run_flash_bwd_accumulated<T>(
@@ -128,7 +133,7 @@ cudaError_t run_flash_bwd_hopper_wide(const FlashBwdParams& p, cudaStream_t stre
               T, Tr, decltype(softcap)::value, decltype(deterministic)::value,
               decltype(padded_c)::value>>(bwd_grid(p, Tr::kBlockN), Tr::kThreads,
                                           Tr::kSmemBytes, stream, p, ws, in.q, in.k, in.v,
-                                          in.dout, in.rows);
+                                          in.dout, tm_dq, in.rows);
         });
       });
 }

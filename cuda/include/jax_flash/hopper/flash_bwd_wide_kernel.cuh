@@ -17,7 +17,8 @@
 //           B = dO / Q MN-major, this warpgroup's two 64-column panels)
 //     dQ's 64 columns pairs added to the float32 accumulator by per-thread atomics while dV / dK
 //     run (deterministic mode: each warp first waits for the visit's turn, which the CTA passes on
-//     after the next visit's tile barrier).
+//     after the next visit's tile barrier); in fast mode at head dim 256 the second 64 columns
+//     by TMA reduce-adds of a staging in the P / dS tiles the visit does not use.
 // dK / dV stay in registers across all visits; the epilogue scales dK and writes both for the
 // block's keys. Rows past a length as in the 128-wide kernel: Q / dO rows past the query length
 // and K / V rows past the key length are zeroed in shared memory, their lse is +inf and their
@@ -52,6 +53,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                                  const __grid_constant__ CUtensorMap tm_k,
                                  const __grid_constant__ CUtensorMap tm_v,
                                  const __grid_constant__ CUtensorMap tm_do,
+                                 const __grid_constant__ CUtensorMap tm_dq,
                                  const __grid_constant__ CUtensorMap tm_rows) {
 #if defined(JAX_FLASH_SM90A)
   using mma_detail::fast_exp2;
@@ -124,6 +126,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // Deterministic mode: the last visit's dQ turn, passed on after this visit's tile barrier (by
   // then every thread's atomics of the last visit are issued).
   int32_t* pending_turn = nullptr;
+  // Fast mode, head dim 256, whole query blocks: the second 64 columns of this warpgroup's dQ
+  // go to the accumulator by TMA reduce-adds (two boxes of 16 rows x 32 columns a warp, one
+  // after the other) instead of atomics, staged in the band of this warp's 16 rows of the P
+  // (warpgroup 0) or dS (warpgroup 1) tile the visit does not use: that band is rewritten next
+  // visit only by this warp and its partner in the other warpgroup (the same rows), which first
+  // wait for the reduce-adds to have read it. The atomics alone saturated the path to L2 (half
+  // the dQ by TMA: +7-8% at D 256 on an H200); the padded variants measured no gain (D 160) or
+  // a loss (D 192/128, -1.5%), and deterministic mode keeps its per-warp turn before atomics.
+  constexpr bool kDqTma = !kDeterministic && !kPadded;
+  const bool dq_issuer = lane == 0;
+  bool staged_last = false;
   for (int it = 0; it < v.items; ++it) {
     const int stage = it % S;
     const int phase = (it / S) & 1;
@@ -205,6 +218,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       for (int i = 0; i < NK / 2; ++i) dp[i] = s[i] * (dp[i] - delta_r[(i / 2) % 2]);
     }
 
+    if (kDqTma && staged_last) {
+      if (dq_issuer) bulk_wait_read<0>();
+      named_sync(2 + (warp & 3), 64);  // this warp and its partner: the band's reads are done
+    }
     // P and dS to their [query][key] tiles: query row r, keys key0 + 8j, +1 (16-byte chunk
     // 4 cw + j of the 128-byte row, swizzled by r % 8 = g: a warp's eight rows hit eight
     // different chunks, conflict-free).
@@ -271,6 +288,40 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       pending_turn = flash_bwd_take_dq_turn(ws, v.kt, h, m, lo, BN, lane == 0);
       __syncwarp();
     }
+    const bool staged = kDqTma && rows == BM;
+    const uint32_t dq_slot =
+        (cw == 0 ? sP : sdS) + ((it + 1) & 1) * Tr::kSmemPs + (warp & 3) * 16 * 128;
+    // Box b of dq1 (columns NC cw + 64 + 32 b .. + 31) to the slot, 128-byte swizzled as the
+    // tensor map's box, and its reduce-add issued. Element pair (row r, columns c, c + 1),
+    // c = 8 jj + 2 t: 16-byte chunk (2 jj + t / 2) of row r, swizzled by r % 8 = g, 8 bytes in
+    // for odd t; lanes of odd rows store jj ^ 2 (as the 128-wide kernel's staging: no bank
+    // conflict between rows g and g ^ 1).
+    auto stage_box = [&](int b) {
+      const bool odd_row = (g & 1) != 0;
+      const int gs = g ^ (odd_row ? 4 : 0);
+      const uint32_t row0 = dq_slot + g * 128 + (t & 1) * 8;
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+          // Selects, not an index by the row's parity (which would put dq1 in local memory).
+          const int j = 4 * b + jj, jo = 4 * b + (jj ^ 2);
+          const float x0 = odd_row ? dq1[4 * jo + 2 * hf] : dq1[4 * j + 2 * hf];
+          const float x1 = odd_row ? dq1[4 * jo + 2 * hf + 1] : dq1[4 * j + 2 * hf + 1];
+          const uint32_t addr = row0 + hf * 8 * 128 + (((2 * jj + (t >> 1)) ^ gs) << 4);
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x0), "f"(x1)
+                       : "memory");
+        }
+      }
+      fence_proxy_async();
+      __syncwarp();
+      const int col = NC * cw + 64 + 32 * b;
+      if (dq_issuer && (!kPadded || col < dk_cols)) {
+        tma_reduce_add_3d(&tm_dq, dq_slot, col, h, e.q_start + m0 + 16 * (warp & 3));
+        bulk_commit();
+      }
+    };
+    if (staged) stage_box(0);
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       const int r = r0 + 8 * hf;
@@ -282,11 +333,18 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         for (int j = 0; j < 8; ++j) {
           if (!kPadded || NC * cw + 8 * j < dk_cols)
             mma_bwd::add_f32x2(dst + 8 * j, dq0[4 * j + 2 * hf], dq0[4 * j + 2 * hf + 1]);
-          if (!kPadded || NC * cw + 64 + 8 * j < dk_cols)
+          if (!staged && (!kPadded || NC * cw + 64 + 8 * j < dk_cols))
             mma_bwd::add_f32x2(dst + 64 + 8 * j, dq1[4 * j + 2 * hf], dq1[4 * j + 2 * hf + 1]);
         }
       }
     }
+    if (staged) {
+      // The first box read (under the atomics above) before the slot takes the second.
+      if (dq_issuer) bulk_wait_read<0>();
+      __syncwarp();
+      stage_box(1);
+    }
+    staged_last = staged;
     // dV / dK done before the next visit's tiles are written and its stage reloaded.
     wgmma_wait<0>();
     reg_fence(acc_dk);
@@ -296,6 +354,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     __syncthreads();  // every thread's atomics of the last visit issued
     if (tid == 0) flash_bwd_pass_dq_turn_release(pending_turn);
   }
+  // Shared memory must outlive the reduce-adds that read it (waited for to completion, as the
+  // 128-wide kernel does, before the dQ conversion that follows in the stream).
+  if (kDqTma && dq_issuer) bulk_wait<0>();
 
   // Epilogue: dK (scaled) and dV of all 64 keys, this warpgroup's columns, straight from the
   // fragments.
