@@ -65,7 +65,7 @@ class StepShape:
 
 
 # The float32 input's fields, ``shape.rows`` values each, in order.
-FLOAT_FIELDS = ("temperature", "top_p", "min_p")
+FLOAT_FIELDS = ("temperature", "top_p", "min_p")  # SamplingParams attributes
 
 
 def unpack_inputs(shape: StepShape, ints, floats) -> dict:

@@ -39,6 +39,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ..nn import MIN_DECODE_ROWS
 from .device_step import (
+    FLOAT_FIELDS,
     StepShape,
     copy_cache_pages,
     model_static,
@@ -394,8 +395,9 @@ class Engine:
         tables = np.zeros((R, M), np.int32)
         kv_lens = np.zeros(R, np.int32)
         top_k, seeds, index = (np.zeros(R, np.int32) for _ in range(3))
-        floats = np.zeros((3, R), np.float32)
-        floats[1] = 1.0  # top_p of padding rows
+        # Named as FLOAT_FIELDS names them (SamplingParams' attributes); top_p 1 on padding rows.
+        floats = {name: np.zeros(R, np.float32) for name in FLOAT_FIELDS}
+        floats["top_p"][:] = 1.0
 
         def row_fields(row, r, kv_len, draw_index):
             """The row's block table, cache length after the step, and sampling parameters
@@ -404,7 +406,8 @@ class Engine:
             kv_lens[row] = kv_len
             s = r.sampling
             top_k[row], seeds[row], index[row] = s.top_k, s.seed, draw_index
-            floats[:, row] = s.temperature, s.top_p, s.min_p
+            for name, values in floats.items():
+                values[row] = getattr(s, name)
 
         counts = plan.counts or [1] * len(plan.decode)
         for i, ((r, src), n) in enumerate(zip(plan.decode, counts, strict=True)):
@@ -431,12 +434,15 @@ class Engine:
             positions[places] = pos
             slots[places] = np.asarray(r.pages, np.int32)[pos // P] * P + pos % P
             row_fields(d + j, r, end, len(r.output) + r.pending - 1)
-        fields = [tokens, source, positions, slots, tables.ravel(), kv_lens, top_k, seeds, index]
+        fields = dict(tokens=tokens, source=source, positions=positions, slots=slots,
+                      block_tables=tables.ravel(), kv_lens=kv_lens, top_k=top_k, seeds=seeds,
+                      index=index)  # fmt: skip
         if shape.steps > 1:
-            fields.append(np.zeros(d, np.int32))
-            fields[-1][: len(counts)] = counts
-        ints = np.concatenate(fields)
-        return ints, floats.ravel()
+            fields["counts"] = np.zeros(d, np.int32)
+            fields["counts"][: len(counts)] = counts
+        # In the order (and sizes) unpack_inputs reads them on the device.
+        ints = np.concatenate([fields[name] for name, _ in shape.int_fields()])
+        return ints, np.concatenate([floats[name] for name in FLOAT_FIELDS])
 
     def _read(self, step) -> StepOutput:
         result = StepOutput({}, {})
