@@ -12,6 +12,20 @@
 set(JAX_FLASH_KERNELS_ARCHIVE "" CACHE FILEPATH
     "Development: a prebuilt libjax_flash_kernels.a to link instead of compiling the kernels")
 
+# The CUDA compile settings of every target with CUDA sources (the kernels and the module's
+# handlers): the Hopper kernels have code only in an sm_90a pass, and the dispatchers ask for it
+# only when the build has one (JAX_FLASH_HAS_SM90A); a static CUDA runtime, so that the module
+# imports on machines without libcudart (the driver is loaded at the first CUDA call).
+function(jax_flash_cuda_settings target)
+  target_include_directories(${target} PRIVATE "${PROJECT_SOURCE_DIR}/cuda/include")
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CUDA>:-O3 --expt-relaxed-constexpr -Xptxas=-warn-spills>)
+  if(CMAKE_CUDA_ARCHITECTURES MATCHES "90a")
+    target_compile_definitions(${target} PRIVATE JAX_FLASH_HAS_SM90A)
+  endif()
+  set_target_properties(${target} PROPERTIES CUDA_RUNTIME_LIBRARY Static)
+endfunction()
+
 include(${CMAKE_CURRENT_LIST_DIR}/instantiations.cmake)
 
 file(GLOB_RECURSE _jf_kernel_sources CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/cuda/include/*")
@@ -46,13 +60,6 @@ else()
                  "architectures ${CMAKE_CUDA_ARCHITECTURES}: several minutes (about 10 on 2 "
                  "cores); JAX_FLASH_CUDA=OFF builds the CPU kernels only, in under a minute")
   add_library(jax_flash_kernels STATIC ${JAX_FLASH_INSTANTIATION_SOURCES})
-  target_include_directories(jax_flash_kernels PRIVATE "${PROJECT_SOURCE_DIR}/cuda/include")
-  target_compile_options(jax_flash_kernels PRIVATE
-    $<$<COMPILE_LANGUAGE:CUDA>:-O3 --expt-relaxed-constexpr -Xptxas=-warn-spills>)
-  # The Hopper kernels have code only in an sm_90a pass (see the module's definition).
-  if(CMAKE_CUDA_ARCHITECTURES MATCHES "90a")
-    target_compile_definitions(jax_flash_kernels PRIVATE JAX_FLASH_HAS_SM90A)
-  endif()
-  set_target_properties(jax_flash_kernels PROPERTIES CUDA_RUNTIME_LIBRARY Static)
+  jax_flash_cuda_settings(jax_flash_kernels)
   file(WRITE "${CMAKE_CURRENT_BINARY_DIR}/libjax_flash_kernels.a.sources" "${_jf_sources_hash}\n")
 endif()
