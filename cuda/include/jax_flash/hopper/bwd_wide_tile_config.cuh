@@ -38,6 +38,8 @@ struct HopperBwdWideTraits {
   static constexpr int kThreads = 128 * kConsumers;
   static constexpr int kKeysPerWarpgroup = kBlockN / kConsumers;  // of S and dP
   static constexpr int kColsPerWarpgroup = kHeadDim / kConsumers;  // of dK, dV and dQ
+  // Fast mode's dQ reduce-adds (head dim 256): a warp's 16 rows x 32 columns a box.
+  static constexpr int kDqBoxRows = 16;
 
   static constexpr int kPanels = kHeadDim / 64;
   static constexpr int kPanelQ = kBlockM * 128;  // bytes of one 64-column panel of Q / dO
@@ -63,6 +65,7 @@ struct HopperBwdWideTraits {
 
   static_assert(kBlockM == 64 && kBlockN == 64, "a P / dS row is one 128-byte swizzle row");
   static_assert(kKeysPerWarpgroup == 32 && kColsPerWarpgroup == 128, "the GEMM shapes below");
+  static_assert(kDqBoxRows * 4 == kBlockM, "a warp's rows of the block (the staging band)");
   static_assert(kOffRows % 1024 == 0, "1024-aligned regions");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
 };

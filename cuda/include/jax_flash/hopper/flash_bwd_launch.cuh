@@ -44,15 +44,17 @@ inline bool flash_attention_bwd_hopper_supported(const FlashBwdParams& p) {
 
 namespace hopper {
 
-// The TMA descriptors both Hopper backward kernels read through: Q and dO in boxes of block_m
-// rows, K and V of block_n rows (64 columns a box), and the workspace's lse (log2 units) and
-// Delta rows ([2][num_heads][row_stride], Delta first) in boxes of rows_box entries of one head.
-// False when the driver rejects one.
-struct BwdInputMaps {
-  CUtensorMap q, k, v, dout, rows;
+// The TMA descriptors both Hopper backward kernels use: Q and dO in boxes of block_m rows, K and
+// V of block_n rows (64 columns a box), the workspace's lse (log2 units) and Delta rows
+// ([2][num_heads][row_stride], Delta first) in boxes of rows_box entries of one head, and the
+// float32 dQ accumulator [total_q, num_heads, head_dim] that the reduce-adds target, in boxes of
+// 32 columns x dq_box_rows rows. All made before anything launches, so that a rejected one
+// leaves the mma.sync backward a clean start: false when the driver rejects one.
+struct BwdMaps {
+  CUtensorMap q, k, v, dout, rows, dq;
 };
-inline bool make_bwd_input_maps(const FlashBwdParams& p, const FlashBwdWorkspace& ws_at,
-                                int block_m, int block_n, int rows_box, BwdInputMaps* m) {
+inline bool make_bwd_maps(const FlashBwdParams& p, const FlashBwdWorkspace& ws_at, int block_m,
+                          int block_n, int rows_box, int dq_box_rows, BwdMaps* m) {
   const FlashParams& f = p.fwd;
   return make_tensor_map(&m->q, f.q, f.dtype, f.head_dim, f.num_heads, f.total_q,
                          f.q_row_stride, block_m) &&
@@ -63,7 +65,10 @@ inline bool make_bwd_input_maps(const FlashBwdParams& p, const FlashBwdWorkspace
          make_tensor_map(&m->v, f.v, f.dtype, f.head_dim_v, f.num_heads_k, f.total_k,
                          f.v_row_stride, block_n) &&
          make_tensor_map_rows_f32(&m->rows, ws_at.delta, f.total_q, f.num_heads, 2,
-                                  ws_at.row_stride, rows_box);
+                                  ws_at.row_stride, rows_box) &&
+         make_tensor_map_3d(&m->dq, ws_at.dq_accum, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4,
+                            f.head_dim, f.num_heads, f.total_q,
+                            static_cast<int64_t>(f.num_heads) * f.head_dim, 32, dq_box_rows);
 }
 
 // Both kernels' grid: x the key blocks of all sequences, y kv heads. The 128-wide kernel takes
@@ -82,19 +87,13 @@ cudaError_t run_flash_bwd_hopper(const FlashBwdParams& p, cudaStream_t stream) {
   using Tr = HopperBwdTraits<kHeadDim>;
   static_assert(Tr::kBlockM == kBwdMmaBlockM, "the workspace is sized with kBwdMmaBlockM");
   const FlashParams& f = p.fwd;
-  // Beside the inputs, the float32 dQ accumulator [total_q, num_heads, head_dim] of the
-  // workspace, which the kernel's reduce-adds target in boxes of 32 columns x kDqBoxRows rows
-  // (the call's mode's). All made before anything launches, so that a rejected one leaves the
-  // mma.sync backward a clean start.
+  // dQ's reduce-adds in boxes of kDqBoxRows rows (the call's mode's).
   const FlashBwdWorkspace ws_at = flash_bwd_workspace(p, Tr::kBlockM);
-  BwdInputMaps in;
-  CUtensorMap tm_dq;
-  if (!make_bwd_input_maps(p, ws_at, Tr::kBlockM, Tr::kBlockN, Tr::kRowsBox, &in) ||
-      !make_tensor_map_3d(&tm_dq, ws_at.dq_accum, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4,
-                          f.head_dim, f.num_heads, f.total_q,
-                          static_cast<int64_t>(f.num_heads) * f.head_dim, 32,
-                          p.deterministic ? Tr::template kDqBoxRows<true>
-                                          : Tr::template kDqBoxRows<false>))
+  BwdMaps in;
+  if (!make_bwd_maps(p, ws_at, Tr::kBlockM, Tr::kBlockN, Tr::kRowsBox,
+                     p.deterministic ? Tr::template kDqBoxRows<true>
+                                     : Tr::template kDqBoxRows<false>,
+                     &in))
     return cudaErrorNotSupported;
   const bool padded = f.head_dim != kHeadDim || f.head_dim_v != kHeadDim;
   return run_flash_bwd_accumulated<T>(
@@ -104,26 +103,21 @@ cudaError_t run_flash_bwd_hopper(const FlashBwdParams& p, cudaStream_t stream) {
               flash_bwd_hopper_kernel<T, Tr, decltype(softcap)::value,
                                       decltype(deterministic)::value, decltype(padded_c)::value>>(
               bwd_grid(p, Tr::kBlockN), Tr::kThreads, Tr::kSmemBytes, stream, p, ws, in.q, in.k,
-              in.v, in.dout, tm_dq, in.rows);
+              in.v, in.dout, in.dq, in.rows);
         });
       });
 }
 
 // Backward on the 256-wide kernel (flash_bwd_wide_kernel.cuh; head dims past 128), as
-// run_flash_attention_bwd_hopper. Its dQ descriptor: boxes of 32 columns x 16 rows (a warp's
-// reduce-adds in fast mode).
+// run_flash_attention_bwd_hopper.
 template <typename T>
 cudaError_t run_flash_bwd_hopper_wide(const FlashBwdParams& p, cudaStream_t stream) {
   using Tr = HopperBwdWideTraits;
   static_assert(Tr::kBlockM == kBwdMmaBlockM, "the workspace is sized with kBwdMmaBlockM");
   const FlashParams& f = p.fwd;
   const FlashBwdWorkspace ws_at = flash_bwd_workspace(p, Tr::kBlockM);
-  BwdInputMaps in;
-  CUtensorMap tm_dq;
-  if (!make_bwd_input_maps(p, ws_at, Tr::kBlockM, Tr::kBlockN, Tr::kRowsBox, &in) ||
-      !make_tensor_map_3d(&tm_dq, ws_at.dq_accum, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4,
-                          f.head_dim, f.num_heads, f.total_q,
-                          static_cast<int64_t>(f.num_heads) * f.head_dim, 32, 16))
+  BwdMaps in;
+  if (!make_bwd_maps(p, ws_at, Tr::kBlockM, Tr::kBlockN, Tr::kRowsBox, Tr::kDqBoxRows, &in))
     return cudaErrorNotSupported;
   const bool padded = f.head_dim != Tr::kHeadDim || f.head_dim_v != Tr::kHeadDim;
   return run_flash_bwd_accumulated<T>(
@@ -133,7 +127,7 @@ cudaError_t run_flash_bwd_hopper_wide(const FlashBwdParams& p, cudaStream_t stre
               T, Tr, decltype(softcap)::value, decltype(deterministic)::value,
               decltype(padded_c)::value>>(bwd_grid(p, Tr::kBlockN), Tr::kThreads,
                                           Tr::kSmemBytes, stream, p, ws, in.q, in.k, in.v,
-                                          in.dout, tm_dq, in.rows);
+                                          in.dout, in.dq, in.rows);
         });
       });
 }

@@ -289,8 +289,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       __syncwarp();
     }
     const bool staged = kDqTma && rows == BM;
-    const uint32_t dq_slot =
-        (cw == 0 ? sP : sdS) + ((it + 1) & 1) * Tr::kSmemPs + (warp & 3) * 16 * 128;
+    const int dq_row0 = Tr::kDqBoxRows * (warp & 3);  // this warp's rows of the block
+    const uint32_t dq_slot = (cw == 0 ? sP : sdS) + ((it + 1) & 1) * Tr::kSmemPs + dq_row0 * 128;
     // Box b of dq1 (columns NC cw + 64 + 32 b .. + 31) to the slot, 128-byte swizzled as the
     // tensor map's box, and its reduce-add issued. Element pair (row r, columns c, c + 1),
     // c = 8 jj + 2 t: 16-byte chunk (2 jj + t / 2) of row r, swizzled by r % 8 = g, 8 bytes in
@@ -316,8 +316,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       fence_proxy_async();
       __syncwarp();
       const int col = NC * cw + 64 + 32 * b;
-      if (dq_issuer && (!kPadded || col < dk_cols)) {
-        tma_reduce_add_3d(&tm_dq, dq_slot, col, h, e.q_start + m0 + 16 * (warp & 3));
+      if (dq_issuer) {  // (kDqTma: not padded, every column exists)
+        tma_reduce_add_3d(&tm_dq, dq_slot, col, h, e.q_start + m0 + dq_row0);
         bulk_commit();
       }
     };
