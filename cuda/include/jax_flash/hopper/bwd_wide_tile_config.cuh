@@ -12,10 +12,10 @@
 //   dV += P^T dO, dK += dS^T Q (A MN-major from the tiles, M = the 64 keys; N = the warpgroup's
 //     128 columns of dO / Q, MN-major);
 //   dQ = dS K (A K-major, M = queries; N = the warpgroup's 128 columns, two 64-column GEMMs: 64
-//     floats), added to the float32 accumulator by per-thread atomics (a staging of all 64 KB for
-//     TMA reduce-adds does not fit beside the rest; in fast mode at head dim 256 the second 64
-//     columns go by TMA, 2 KB a warp at a time, staged in the P / dS tiles the visit does not
-//     use).
+//     floats), added to the float32 accumulator by TMA reduce-adds, 2 KB a warp at a time (a
+//     staging of all 64 KB does not fit beside the rest), staged in the P / dS tiles the visit
+//     does not use; per-thread atomics for partial query blocks and in padded deterministic
+//     variants.
 // Thread 0 issues the loads, all by TMA, as in the 128-wide kernel: K / V once, the Q / dO tiles
 // and lse / Delta rows a visit ahead.
 //
@@ -38,7 +38,7 @@ struct HopperBwdWideTraits {
   static constexpr int kThreads = 128 * kConsumers;
   static constexpr int kKeysPerWarpgroup = kBlockN / kConsumers;  // of S and dP
   static constexpr int kColsPerWarpgroup = kHeadDim / kConsumers;  // of dK, dV and dQ
-  // Fast mode's dQ reduce-adds (head dim 256): a warp's 16 rows x 32 columns a box.
+  // dQ's reduce-adds: a warp's 16 rows x 32 columns a box.
   static constexpr int kDqBoxRows = 16;
 
   static constexpr int kPanels = kHeadDim / 64;

@@ -15,10 +15,10 @@
 //     dQ = dS K (this warpgroup's 128 columns, two m64n64 GEMMs; A = dS K-major, B = K MN-major)
 //     dV += P^T dO, dK += dS^T Q (m64n128, A = the tiles read MN-major: M = keys, K = queries;
 //           B = dO / Q MN-major, this warpgroup's two 64-column panels)
-//     dQ's 64 columns pairs added to the float32 accumulator by per-thread atomics while dV / dK
-//     run (deterministic mode: each warp first waits for the visit's turn, which the CTA passes on
-//     after the next visit's tile barrier); in fast mode at head dim 256 the second 64 columns
-//     by TMA reduce-adds of a staging in the P / dS tiles the visit does not use.
+//     dQ added to the float32 accumulator while dV / dK run (deterministic mode: each warp first
+//     waits for the visit's turn, which the CTA passes on after the next visit's tile barrier):
+//     for whole query blocks by TMA reduce-adds of a staging in the P / dS tiles the visit does
+//     not use, otherwise (and in padded deterministic variants) by per-thread atomics.
 // dK / dV stay in registers across all visits; the epilogue scales dK and writes both for the
 // block's keys. Rows past a length as in the 128-wide kernel: Q / dO rows past the query length
 // and K / V rows past the key length are zeroed in shared memory, their lse is +inf and their
@@ -126,15 +126,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // Deterministic mode: the last visit's dQ turn, passed on after this visit's tile barrier (by
   // then every thread's atomics of the last visit are issued).
   int32_t* pending_turn = nullptr;
-  // Fast mode, head dim 256, whole query blocks: the second 64 columns of this warpgroup's dQ
-  // go to the accumulator by TMA reduce-adds (two boxes of 16 rows x 32 columns a warp, one
-  // after the other) instead of atomics, staged in the band of this warp's 16 rows of the P
-  // (warpgroup 0) or dS (warpgroup 1) tile the visit does not use: that band is rewritten next
-  // visit only by this warp and its partner in the other warpgroup (the same rows), which first
-  // wait for the reduce-adds to have read it. The atomics alone saturated the path to L2 (half
-  // the dQ by TMA: +7-8% at D 256 on an H200); the padded variants measured no gain (D 160) or
-  // a loss (D 192/128, -1.5%), and deterministic mode keeps its per-warp turn before atomics.
-  constexpr bool kDqTma = !kDeterministic && !kPadded;
+  // Whole query blocks: this warpgroup's dQ goes to the accumulator by TMA reduce-adds (four
+  // boxes of 16 rows x 32 columns a warp, one after the other) instead of atomics, staged in the
+  // band of this warp's 16 rows of the P (warpgroup 0) or dS (warpgroup 1) tile the visit does
+  // not use: that band is rewritten next visit only by this warp and its partner in the other
+  // warpgroup (the same rows), which first wait for the reduce-adds to have read it (in
+  // deterministic mode: to have completed, before the turn passes). The atomics alone
+  // saturated the path to L2; on an H200, against half of dQ by TMA (fast mode, D 256 only):
+  // D 256 +8-9% fast and deterministic, D 192/128 +8.5% and D 160 +5% fast. Padded
+  // deterministic variants keep the atomics (-3% with the boxes: the completion wait is not
+  // hidden).
+  constexpr bool kDqTma = !(kDeterministic && kPadded);
   const bool dq_issuer = lane == 0;
   bool staged_last = false;
   for (int it = 0; it < v.items; ++it) {
@@ -219,7 +221,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
 
     if (kDqTma && staged_last) {
-      if (dq_issuer) bulk_wait_read<0>();
+      if (dq_issuer) {
+        if constexpr (kDeterministic) {
+          bulk_wait<0>();  // completed before the turn passes (after the tile barrier below)
+          fence_proxy_async_global();
+        } else {
+          bulk_wait_read<0>();
+        }
+      }
       named_sync(2 + (warp & 3), 64);  // this warp and its partner: the band's reads are done
     }
     // P and dS to their [query][key] tiles: query row r, keys key0 + 8j, +1 (16-byte chunk
@@ -291,23 +300,28 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const bool staged = kDqTma && rows == BM;
     const int dq_row0 = Tr::kDqBoxRows * (warp & 3);  // this warp's rows of the block
     const uint32_t dq_slot = (cw == 0 ? sP : sdS) + ((it + 1) & 1) * Tr::kSmemPs + dq_row0 * 128;
-    // Box b of dq1 (columns NC cw + 64 + 32 b .. + 31) to the slot, 128-byte swizzled as the
-    // tensor map's box, and its reduce-add issued. Element pair (row r, columns c, c + 1),
+    // Box q (columns NC cw + 32 q .. + 31: dq0 for q < 2, else dq1) to the slot, 128-byte
+    // swizzled as the tensor map's box, and its reduce-add issued; boxes past the head dim are
+    // skipped, and the map clips a box's columns past it. Element pair (row r, columns c, c + 1),
     // c = 8 jj + 2 t: 16-byte chunk (2 jj + t / 2) of row r, swizzled by r % 8 = g, 8 bytes in
     // for odd t; lanes of odd rows store jj ^ 2 (as the 128-wide kernel's staging: no bank
     // conflict between rows g and g ^ 1).
-    auto stage_box = [&](int b) {
+    auto stage_box = [&](int q) {
+      const int col = NC * cw + 32 * q;
+      if (kPadded && col >= dk_cols) return;  // warp-uniform
       const bool odd_row = (g & 1) != 0;
       const int gs = g ^ (odd_row ? 4 : 0);
       const uint32_t row0 = dq_slot + g * 128 + (t & 1) * 8;
+      const float* dq = q < 2 ? dq0 : dq1;
+      const int b = q % 2;
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
 #pragma unroll
         for (int jj = 0; jj < 4; ++jj) {
-          // Selects, not an index by the row's parity (which would put dq1 in local memory).
+          // Selects, not an index by the row's parity (which would put dQ in local memory).
           const int j = 4 * b + jj, jo = 4 * b + (jj ^ 2);
-          const float x0 = odd_row ? dq1[4 * jo + 2 * hf] : dq1[4 * j + 2 * hf];
-          const float x1 = odd_row ? dq1[4 * jo + 2 * hf + 1] : dq1[4 * j + 2 * hf + 1];
+          const float x0 = odd_row ? dq[4 * jo + 2 * hf] : dq[4 * j + 2 * hf];
+          const float x1 = odd_row ? dq[4 * jo + 2 * hf + 1] : dq[4 * j + 2 * hf + 1];
           const uint32_t addr = row0 + hf * 8 * 128 + (((2 * jj + (t >> 1)) ^ gs) << 4);
           asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x0), "f"(x1)
                        : "memory");
@@ -315,34 +329,37 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
       fence_proxy_async();
       __syncwarp();
-      const int col = NC * cw + 64 + 32 * b;
-      if (dq_issuer) {  // (kDqTma: not padded, every column exists)
+      if (dq_issuer) {
         tma_reduce_add_3d(&tm_dq, dq_slot, col, h, e.q_start + m0 + dq_row0);
         bulk_commit();
       }
     };
-    if (staged) stage_box(0);
+    if (staged) {
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int r = r0 + 8 * hf;
-      if (r < rows) {
-        float* dst = ws.dq_accum +
-                     ((static_cast<int64_t>(e.q_start) + m0 + r) * f.num_heads + h) * dk_cols +
-                     NC * cw + 2 * t;
+      for (int q = 0; q < 4; ++q) {
+        if (q > 0) {  // the previous box read before the slot takes the next
+          if (dq_issuer) bulk_wait_read<0>();
+          __syncwarp();
+        }
+        stage_box(q);
+      }
+    } else {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          if (!kPadded || NC * cw + 8 * j < dk_cols)
-            mma_bwd::add_f32x2(dst + 8 * j, dq0[4 * j + 2 * hf], dq0[4 * j + 2 * hf + 1]);
-          if (!staged && (!kPadded || NC * cw + 64 + 8 * j < dk_cols))
-            mma_bwd::add_f32x2(dst + 64 + 8 * j, dq1[4 * j + 2 * hf], dq1[4 * j + 2 * hf + 1]);
+      for (int hf = 0; hf < 2; ++hf) {
+        const int r = r0 + 8 * hf;
+        if (r < rows) {
+          float* dst = ws.dq_accum +
+                       ((static_cast<int64_t>(e.q_start) + m0 + r) * f.num_heads + h) * dk_cols +
+                       NC * cw + 2 * t;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            if (!kPadded || NC * cw + 8 * j < dk_cols)
+              mma_bwd::add_f32x2(dst + 8 * j, dq0[4 * j + 2 * hf], dq0[4 * j + 2 * hf + 1]);
+            if (!kPadded || NC * cw + 64 + 8 * j < dk_cols)
+              mma_bwd::add_f32x2(dst + 64 + 8 * j, dq1[4 * j + 2 * hf], dq1[4 * j + 2 * hf + 1]);
+          }
         }
       }
-    }
-    if (staged) {
-      // The first box read (under the atomics above) before the slot takes the second.
-      if (dq_issuer) bulk_wait_read<0>();
-      __syncwarp();
-      stage_box(1);
     }
     staged_last = staged;
     // dV / dK done before the next visit's tiles are written and its stage reloaded.
@@ -351,6 +368,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     reg_fence(acc_dv);
   }
   if constexpr (kDeterministic) {
+    if (kDqTma && dq_issuer) {  // the last visit's reduce-adds completed before its turn passes
+      bulk_wait<0>();
+      fence_proxy_async_global();
+    }
     __syncthreads();  // every thread's atomics of the last visit issued
     if (tid == 0) flash_bwd_pass_dq_turn_release(pending_turn);
   }

@@ -162,6 +162,11 @@ __device__ __forceinline__ void named_arrive(int id, int threads) {
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
+// Orders this thread's completed async-proxy (TMA reduce-add) writes to global memory with its
+// later generic-proxy accesses (a release that publishes them).
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
 
 #endif  // JAX_FLASH_SM90A
 
