@@ -375,3 +375,33 @@ def test_ncu_hotspots_reads_a_source_page(tmp_path):
     assert "40 warp samples barrier 60.0% wait 40.0%" in text
     assert "BAR.SYNC 0x1 barrier 24, wait 6" in text
     assert "bank conflicts): 1024 of 2048 STS.64 [R9], R1" in text
+
+
+def test_bwd_schedule_sim_turn_reads():
+    """tools/bwd_schedule_sim.py's turn reads on a hand-counted case (one key block of 128 keys,
+    two 64-row query tiles, one head, one SM): each deterministic visit's read at the wait costs
+    the latency; read ahead, a turn passed by the visit's start (none to wait for here) costs
+    nothing; the fast mode reads no turn."""
+    import importlib.util
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location(
+        "bwd_schedule_sim", root / "tools" / "bwd_schedule_sim.py"
+    )
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+
+    def makespan(det, latency, ahead):
+        return tool.schedule(1, 128, 1, 1, False, det, "current", 1, latency, ahead)[0]
+
+    assert makespan(True, 0.0, False) == pytest.approx(2.0)
+    assert makespan(True, 0.25, False) == pytest.approx(2.5)
+    assert makespan(True, 0.25, True) == pytest.approx(2.0)
+    assert makespan(False, 0.25, False) == pytest.approx(2.0)
+    # At the grid's scale the read ahead recovers part of what the reads cost.
+    plain, ahead = (
+        tool.schedule(4, 1024, 2, 4, True, True, "current", 16, 0.15, a)[0] for a in (False, True)
+    )
+    fast = tool.schedule(4, 1024, 2, 4, True, False, "current", 16)[0]
+    assert fast < ahead < plain
