@@ -301,14 +301,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const int dq_row0 = Tr::kDqBoxRows * (warp & 3);  // this warp's rows of the block
     const uint32_t dq_slot = (cw == 0 ? sP : sdS) + ((it + 1) & 1) * Tr::kSmemPs + dq_row0 * 128;
     // Box q (columns NC cw + 32 q .. + 31: dq0 for q < 2, else dq1) to the slot, 128-byte
-    // swizzled as the tensor map's box, and its reduce-add issued; boxes past the head dim are
-    // skipped, and the map clips a box's columns past it. Element pair (row r, columns c, c + 1),
+    // swizzled as the tensor map's box, and its reduce-add issued; the map clips a box's columns
+    // past the head dim. Element pair (row r, columns c, c + 1),
     // c = 8 jj + 2 t: 16-byte chunk (2 jj + t / 2) of row r, swizzled by r % 8 = g, 8 bytes in
     // for odd t; lanes of odd rows store jj ^ 2 (as the 128-wide kernel's staging: no bank
     // conflict between rows g and g ^ 1).
     auto stage_box = [&](int q) {
       const int col = NC * cw + 32 * q;
-      if (kPadded && col >= dk_cols) return;  // warp-uniform
       const bool odd_row = (g & 1) != 0;
       const int gs = g ^ (odd_row ? 4 : 0);
       const uint32_t row0 = dq_slot + g * 128 + (t & 1) * 8;
@@ -337,6 +336,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if (staged) {
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
+        // Boxes past the head dim (padded tiles) are skipped before the wait for the slot, so
+        // the warp does not wait for the previous box's read only to stage nothing. Warp-uniform.
+        if (kPadded && NC * cw + 32 * q >= dk_cols) break;
         if (q > 0) {  // the previous box read before the slot takes the next
           if (dq_issuer) bulk_wait_read<0>();
           __syncwarp();
