@@ -156,10 +156,11 @@ def test_non_finite_unowned_rows_never_reach_the_outputs(rng, launch, bad, d):
         assert rel_err(a, b) <= _tolerance(jnp.bfloat16), name
 
 
-@pytest.mark.parametrize("d", [64, 80, 128, 256])
+@pytest.mark.parametrize("d", [64, 80, 128, 160, 256])
 @pytest.mark.parametrize("mask", [MASKS[0], MASKS[3]], ids=["full", "softcap"])
 def test_deterministic_bit_identical(rng, launch, d, mask):
-    # Several key blocks add to each query block's dQ (in a fixed order), GQA group 4.
+    # Several key blocks add to each query block's dQ (in a fixed order), GQA group 4; 80 and
+    # 160: the padded variants of the 128- and 256-wide tiles.
     args = _check_on(
         launch, rng, jnp.dtype("bfloat16"), [400, 77], [520, 300], 8, 2, d, d, _cfg(d, mask)
     )
