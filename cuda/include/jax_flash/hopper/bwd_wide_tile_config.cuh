@@ -14,8 +14,7 @@
 //   dQ = dS K (A K-major, M = queries; N = the warpgroup's 128 columns, two 64-column GEMMs: 64
 //     floats), added to the float32 accumulator by TMA reduce-adds, 2 KB a warp at a time (a
 //     staging of all 64 KB does not fit beside the rest), staged in the P / dS tiles the visit
-//     does not use; per-thread atomics for partial query blocks and in padded deterministic
-//     variants.
+//     does not use; per-thread atomics for partial query blocks.
 // Thread 0 issues the loads, all by TMA, as in the 128-wide kernel: K / V once, the Q / dO tiles
 // and lse / Delta rows a visit ahead.
 //

@@ -18,7 +18,7 @@
 //     dQ added to the float32 accumulator while dV / dK run (deterministic mode: each warp first
 //     waits for the visit's turn, which the CTA passes on after the next visit's tile barrier):
 //     for whole query blocks by TMA reduce-adds of a staging in the P / dS tiles the visit does
-//     not use, otherwise (and in padded deterministic variants) by per-thread atomics.
+//     not use, otherwise (partial query blocks) by per-thread atomics.
 // dK / dV stay in registers across all visits; the epilogue scales dK and writes both for the
 // block's keys. Rows past a length as in the 128-wide kernel: Q / dO rows past the query length
 // and K / V rows past the key length are zeroed in shared memory, their lse is +inf and their
@@ -133,10 +133,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // warpgroup (the same rows), which first wait for the reduce-adds to have read it (in
   // deterministic mode: to have completed, before the turn passes). The atomics alone
   // saturated the path to L2; on an H200, against half of dQ by TMA (fast mode, D 256 only):
-  // D 256 +8-9% fast and deterministic, D 192/128 +8.5% and D 160 +5% fast. Padded
-  // deterministic variants keep the atomics (-3% with the boxes: the completion wait is not
-  // hidden).
-  constexpr bool kDqTma = !(kDeterministic && kPadded);
+  // D 256 +8-9% fast and deterministic, D 192/128 +8.5% and D 160 +5% fast; the padded
+  // deterministic variants +1-2% once the boxes past the head dim skip the slot's wait (-3%
+  // before). Partial query blocks keep the atomics.
   const bool dq_issuer = lane == 0;
   bool staged_last = false;
   for (int it = 0; it < v.items; ++it) {
@@ -220,7 +219,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       for (int i = 0; i < NK / 2; ++i) dp[i] = s[i] * (dp[i] - delta_r[(i / 2) % 2]);
     }
 
-    if (kDqTma && staged_last) {
+    if (staged_last) {
       if (dq_issuer) {
         if constexpr (kDeterministic) {
           bulk_wait<0>();  // completed before the turn passes (after the tile barrier below)
@@ -297,7 +296,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       pending_turn = flash_bwd_take_dq_turn(ws, v.kt, h, m, lo, BN, lane == 0);
       __syncwarp();
     }
-    const bool staged = kDqTma && rows == BM;
+    const bool staged = rows == BM;
     const int dq_row0 = Tr::kDqBoxRows * (warp & 3);  // this warp's rows of the block
     const uint32_t dq_slot = (cw == 0 ? sP : sdS) + ((it + 1) & 1) * Tr::kSmemPs + dq_row0 * 128;
     // Box q (columns NC cw + 32 q .. + 31: dq0 for q < 2, else dq1) to the slot, 128-byte
@@ -370,7 +369,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     reg_fence(acc_dv);
   }
   if constexpr (kDeterministic) {
-    if (kDqTma && dq_issuer) {  // the last visit's reduce-adds completed before its turn passes
+    if (dq_issuer) {  // the last visit's reduce-adds completed before its turn passes
       bulk_wait<0>();
       fence_proxy_async_global();
     }
@@ -379,7 +378,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
   // Shared memory must outlive the reduce-adds that read it (waited for to completion, as the
   // 128-wide kernel does, before the dQ conversion that follows in the stream).
-  if (kDqTma && dq_issuer) bulk_wait<0>();
+  if (dq_issuer) bulk_wait<0>();
 
   // Epilogue: dK (scaled) and dV of all 64 keys, this warpgroup's columns, straight from the
   // fragments.
