@@ -9,6 +9,7 @@ against the float32 reference.
     python tools/gpu/hopper_bwd_ab.py --kernels hopper --long   # Hopper only, + 1 x 16k causal
     python tools/gpu/hopper_bwd_ab.py --wide     # + head dim 256 (the 256-wide tile), 4 x 4k
     python tools/gpu/hopper_bwd_ab.py --kernels hopper --sets wide padded   # the 256-wide tile only
+    python tools/gpu/hopper_bwd_ab.py --kernels hopper --sets narrow   # D 80 / 96 (128-wide tile)
 
 Per shape and kernel also the deterministic mode's cost against the fast mode and whether a
 second deterministic run is bit-identical to the first (it must be).
@@ -48,6 +49,11 @@ PADDED = [
     (4, 4096, 32, 8, 192, True, 128),
     (4, 4096, 32, 8, 160, True, 160),
 ]
+# Head dims the 128-wide tile takes padded, 4 x 4k causal
+NARROW = [
+    (4, 4096, 32, 8, 80, True),
+    (4, 4096, 32, 8, 96, True),
+]
 KERNELS = {"hopper": "hopper", "mma.sync": "mma"}  # name -> FlashBwdLaunch kernel
 
 
@@ -71,7 +77,7 @@ def main(argv=None) -> None:
     parser.add_argument("--long", action="store_true", help="also 1 x 16k causal")
     parser.add_argument("--wide", action="store_true", help="also head dim 256")
     parser.add_argument(
-        "--sets", nargs="+", choices=["issue", "long", "wide", "padded"],
+        "--sets", nargs="+", choices=["issue", "long", "wide", "padded", "narrow"],
         help="the shape sets to run (default: the issue's, and those --long / --wide add)",
     )  # fmt: skip
     parser.add_argument("--json", help="also write the rows to this JSON file")
@@ -79,7 +85,7 @@ def main(argv=None) -> None:
     device = jax.devices()[0].device_kind
     print(device, flush=True)
     rows = []
-    sets = dict(issue=SHAPES, long=LONG, wide=WIDE, padded=PADDED)
+    sets = dict(issue=SHAPES, long=LONG, wide=WIDE, padded=PADDED, narrow=NARROW)
     names = args.sets or ["issue"] + ["long"] * args.long + ["wide"] * args.wide
     shapes = [shape for name in names for shape in sets[name]]
     for b, s, hq, hkv, d, causal, *rest in shapes:
