@@ -354,10 +354,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       const bool odd_row = (g & 1) != 0;
       const int gs = g ^ (odd_row ? 4 : 0);
       const uint32_t row0 = sDq + cw * Tr::kSmemDqPanel + (16 * (warp & 3) + g) * 128 + (t & 1) * 8;
+      // The panel's second box (columns 64 cw + 32 ..) lies past the head dim in padded tiles
+      // of D <= 64 cw + 32 (D 80 / 96 in the second warpgroup): neither staged nor added.
+      const bool box1 = !kPadded || 64 * cw + 32 < dk_cols;
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
+          if (j >= 4 && !box1) continue;  // warpgroup-uniform
           // This lane's element j ^ (odd_row ? 2 : 0): same box, chunk pair flipped by 2.
           const uint32_t addr = row0 + hf * 8 * 128 + (j / 4) * (BM * 128) +
                                 (((2 * (j % 4) + (t >> 1)) ^ gs) << 4);
@@ -380,7 +384,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
       if (dq_issuer) {
         tma_reduce_add_3d(&tm_dq, src, 64 * cw, h, e.q_start + m0 + r0);
-        tma_reduce_add_3d(&tm_dq, src + BM * 128, 64 * cw + 32, h, e.q_start + m0 + r0);
+        if (box1) tma_reduce_add_3d(&tm_dq, src + BM * 128, 64 * cw + 32, h, e.q_start + m0 + r0);
         bulk_commit();
       }
     } else if (cw < Tr::kDqWarpgroups) {
