@@ -9,7 +9,7 @@ against the float32 reference.
     python tools/gpu/hopper_bwd_ab.py --kernels hopper --long   # Hopper only, + 1 x 16k causal
     python tools/gpu/hopper_bwd_ab.py --wide     # + head dim 256 (the 256-wide tile), 4 x 4k
     python tools/gpu/hopper_bwd_ab.py --kernels hopper --sets wide padded   # the 256-wide tile only
-    python tools/gpu/hopper_bwd_ab.py --kernels hopper --sets narrow   # D 80 / 96 (128-wide tile)
+    python tools/gpu/hopper_bwd_ab.py --kernels hopper --sets narrow   # D 80 / 96 / 112, 128-wide
 
 Per shape and kernel also the deterministic mode's cost against the fast mode and whether a
 second deterministic run is bit-identical to the first (it must be).
@@ -53,6 +53,7 @@ PADDED = [
 NARROW = [
     (4, 4096, 32, 8, 80, True),
     (4, 4096, 32, 8, 96, True),
+    (4, 4096, 32, 8, 112, True),
 ]
 KERNELS = {"hopper": "hopper", "mma.sync": "mma"}  # name -> FlashBwdLaunch kernel
 
