@@ -304,10 +304,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     int32_t* turn = nullptr;
     if constexpr (kDeterministic) {
       // The last visit's dQ shares added (its reduce-add completed, every thread's atomics
-      // issued): its turn passes to the next key block before this one is waited for.
+      // issued): its turn passes to the next key block while this one is waited for, by a
+      // thread of the other warpgroup (the pass's fence and the wait's acquire loads are each
+      // a round trip to L2; one thread doing both put their sum on every visit's path).
       if (dq_issuer) bulk_wait<0>();
       named_sync(1, 256);
-      if (ctid == 0) flash_bwd_pass_dq_turn(held_turn);
+      if (ctid == 128) flash_bwd_pass_dq_turn(held_turn);
       turn = flash_bwd_take_dq_turn(ws, v.kt, h, m, lo, BN, ctid == 0);
       held_turn = turn;
     } else if (dq_issuer) {
