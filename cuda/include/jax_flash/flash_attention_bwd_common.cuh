@@ -328,8 +328,9 @@ __device__ __forceinline__ int32_t* flash_bwd_take_dq_turn(const FlashBwdWorkspa
 // before it, and a release is cumulative), as a split-K semaphore does: no thread needs a fence
 // of its own. Two ways to release, each where it measured faster (H200, bf16, B4 S4k):
 // - a sequentially consistent fence and an add (flash_bwd_pass_dq_turn): the 64 / 128 wide
-//   Hopper kernel (bulk reduce-adds), where a release add cost 3-4% at D 128, and the mma.sync
-//   kernel (not measured with a release add);
+//   Hopper kernel (bulk reduce-adds), where a release add cost 3-4% at D 128 (passed by the
+//   thread that then waits; by another warpgroup, +0.2-0.9%, within the runs' spread), and the
+//   mma.sync kernel (not measured with a release add);
 // - a release add (flash_bwd_pass_dq_turn_release): the 256 wide Hopper kernel (per-thread
 //   atomics), where the fence (MEMBAR.SC.GPU) holds the passing warp, and with it the CTA's next
 //   visit, until the SM's outstanding atomics are visible: its deterministic mode ran 1.47x

@@ -26,8 +26,8 @@
 //           query block, per-thread atomics) (deterministic mode:
 //           in ascending key-block order, per-(head, query tile) turn counters and the visit
 //           order of flash_bwd_visit, as in the mma.sync kernel; a visit's turn is passed on in
-//           the next visit, before that one's turn is waited for, so that the wait for the
-//           reduce-add's completion overlaps the next visit's GEMMs).
+//           the next visit (by warpgroup 1, while thread 0 waits for that one's turn), so that
+//           the wait for the reduce-add's completion overlaps the next visit's GEMMs).
 // dK/dV stay in registers across all visits (no atomics for them); the epilogue scales dK and
 // writes both for the block's keys.
 //
