@@ -3,11 +3,12 @@
 //
 // A CTA owns kBlockN = 128 keys of one kv head and has 2 warpgroups, each owning 64 of the keys
 // (wgmma's M is 64 per warpgroup) and their dK/dV accumulators. A visit is one query block of
-// kBlockM = 64 rows of one query head. No producer warpgroup: with 384 threads ptxas caps every
-// thread at 168 registers whatever setmaxnreg later grants (measured: dK, dV, S^T and dP^T at
-// head dim 128 spill there), while 256 threads may use 255. Thread 0 issues the loads
-// instead, all by TMA: K/V (once), and the Q/dO tiles and lse/Delta rows kStages - 1 visits
-// ahead.
+// kBlockM = 64 rows of one query head. No producer warpgroup: a first 384-thread layout spilled
+// dK, dV, S^T and dP^T at head dim 128 (168 registers a thread), while 256 threads may use 255.
+// (ptxas does allocate up to a setmaxnreg.inc count in code that only the raised warps run, as
+// the forward kernel's consumers do: NOTES-hopper-bwd.md, so that layout is not ruled out.)
+// Thread 0 issues the loads instead, all by TMA: K/V (once), and the Q/dO tiles and lse/Delta
+// rows kStages - 1 visits ahead.
 //
 // Shared memory (regions 1024-byte aligned, the 128-byte swizzle's period): K and V
 // ([kBlockN][head_dim], head_dim / 64 column panels of 128-byte rows, TMA's SWIZZLE_128B), a
