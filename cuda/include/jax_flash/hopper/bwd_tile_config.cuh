@@ -6,7 +6,8 @@
 // kBlockM = 64 rows of one query head. No producer warpgroup: a first 384-thread layout spilled
 // dK, dV, S^T and dP^T at head dim 128 (168 registers a thread), while 256 threads may use 255.
 // (ptxas does allocate up to a setmaxnreg.inc count in code that only the raised warps run, as
-// the forward kernel's consumers do: NOTES-hopper-bwd.md, so that layout is not ruled out.)
+// the forward kernel's consumers do, so the limit of that layout is 240 registers a consumer
+// thread, where this kernel's D 128 code spills today: NOTES-hopper-bwd.md.)
 // Thread 0 issues the loads instead, all by TMA: K/V (once), and the Q/dO tiles and lse/Delta
 // rows kStages - 1 visits ahead.
 //
